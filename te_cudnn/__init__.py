@@ -1,0 +1,44 @@
+"""te_cudnn: cuDNN fused attention for PyTorch, through the cuDNN frontend's Python graphs.
+
+TransformerEngine-compatible ``fused_attn_fwd`` / ``fused_attn_bwd`` over cached cuDNN
+plans, with declared sub-backend capabilities and explicit reasons when they decline.
+
+Layers (data flows down): ``enums`` -> ``layouts`` -> ``config`` -> ``backends`` ->
+``plans`` -> ``ops`` -> ``autograd``; ``reference`` is an unfused fp32 implementation of the
+same semantics.
+"""
+
+from .autograd import AttnOptions, FusedAttnFunc, fused_attention
+from .enums import (
+    BACKEND_F16arb_ELTS_PER_THREADS,
+    BACKEND_FP8_THREADS_PER_CTA,
+    META_DO,
+    META_DP,
+    META_DQKV,
+    META_O,
+    META_QKV,
+    META_S,
+    AttnBiasType,
+    AttnMaskType,
+    Fp8BwdIdx,
+    Fp8FwdIdx,
+    FusedAttnBackend,
+    QKVFormat,
+    QKVLayout,
+    SoftmaxType,
+)
+from .errors import GraphBuildError, TeCudnnError, UnsupportedConfigError
+from .layouts import get_qkv_layout
+from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend
+from .plans import plan_cache
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation",
+    "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache",
+    "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
+    "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
+    "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",
+    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "__version__",
+]  # fmt: skip

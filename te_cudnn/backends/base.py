@@ -1,0 +1,175 @@
+"""The sub-backend contract: declared capabilities, "why not" reasons, graph builders.
+
+Each sub-backend declares its limits once, in a :class:`Capabilities` value. The base class
+turns the declaration into human-readable reasons (``not_supported_reasons``); a subclass
+only *adds* the rules a flat declaration cannot say (version- and arch-dependent ones). The
+selector and every error message use these reasons, and the test-suite generates its cases
+from the same declarations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+import torch
+
+from ..config import AttnConfig
+from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
+from ..runtime import RuntimeEnv
+
+__all__ = ["Capabilities", "Direction", "GraphSpec", "SubBackend", "Uid"]
+
+
+class Direction(Enum):
+    FWD = "fwd"
+    BWD = "bwd"
+
+
+class Uid:
+    """Tensor uids shared by every graph, so a variant pack can be filled by uid."""
+
+    Q = 1
+    K = 2
+    V = 3
+    O = 4  # noqa: E741
+    STATS = 5
+    BIAS = 6
+    SEED = 7
+    OFFSET = 8
+    SEQ_LEN_Q = 9
+    SEQ_LEN_KV = 10
+    DO = 11
+    DQ = 12
+    DK = 13
+    DV = 14
+    DBIAS = 15
+
+    NAMES = {
+        1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
+        9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
+    }  # fmt: skip
+
+
+@dataclass
+class GraphSpec:
+    """An unbuilt cuDNN graph and the uids of its operands, in the order execute binds them."""
+
+    graph: Any
+    uids: tuple[int, ...]
+    direction: Direction
+
+
+def _names(values) -> str:
+    return ", ".join(getattr(v, "name", str(v).removeprefix("torch.")) for v in values)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a sub-backend supports, declared in one place."""
+
+    dtypes: frozenset[torch.dtype]
+    layouts: frozenset[QKVLayout]
+    masks: frozenset[AttnMaskType]
+    bias_types: frozenset[AttnBiasType]
+    softmax_types: frozenset[SoftmaxType] = frozenset({SoftmaxType.vanilla})
+    max_seqlen: Optional[int] = None  # both sq and skv
+    seqlen_multiple: Optional[int] = None  # both sq and skv
+    head_dim_multiple: int = 8
+    head_dims: Optional[frozenset[int]] = None  # exact set, when the engine is that narrow
+    max_head_dim: Optional[int] = None  # default limit; subclasses may widen it per version
+    supports_gqa: bool = True
+    supports_dropout: bool = True
+    supports_window: bool = True
+    supports_deterministic: bool = True
+    min_sm: int = 80
+    max_sm: Optional[int] = None  # exclusive
+    min_cudnn: int = 90000
+    bad_cudnn: frozenset[int] = field(default_factory=frozenset)
+    implemented: bool = True
+    tracking_issue: Optional[str] = None  # where the missing part is tracked
+
+
+class SubBackend:
+    """A cuDNN fused-attention sub-backend. Subclasses set ``enum``, ``caps`` and builders."""
+
+    enum: FusedAttnBackend
+    caps: Capabilities
+
+    @property
+    def name(self) -> str:
+        return self.enum.name
+
+    # ---------------------------------------------------------------- capability
+    def not_supported_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction = Direction.FWD) -> list[str]:
+        """Every reason this sub-backend cannot serve ``cfg``; empty means supported.
+
+        Facts ``env`` does not know (no GPU here) are not checked.
+        """
+        c = self.caps
+        why: list[str] = []
+        if not c.implemented:
+            why.append(f"its graph builders are not implemented in this release ({c.tracking_issue})")
+        if cfg.dtype not in c.dtypes:
+            why.append(f"dtype={str(cfg.dtype).removeprefix('torch.')} (supported: {_names(sorted(c.dtypes, key=str))})")
+        if cfg.layout not in c.layouts:
+            why.append(f"qkv_layout={cfg.layout.name} (supported: {_names(sorted(c.layouts))})")
+        if cfg.mask not in c.masks:
+            why.append(f"attn_mask_type={cfg.mask.name} (supported: {_names(sorted(c.masks))})")
+        if cfg.bias_type not in c.bias_types:
+            why.append(f"attn_bias_type={cfg.bias_type.name} (supported: {_names(sorted(c.bias_types))})")
+        if cfg.softmax_type not in c.softmax_types:
+            why.append(f"softmax_type={cfg.softmax_type.name} (supported: {_names(sorted(c.softmax_types))})")
+        if c.max_seqlen is not None and max(cfg.sq, cfg.skv) > c.max_seqlen:
+            why.append(f"sequence lengths sq={cfg.sq}, skv={cfg.skv} exceed {c.max_seqlen}")
+        if c.seqlen_multiple and (cfg.sq % c.seqlen_multiple or cfg.skv % c.seqlen_multiple):
+            why.append(f"sequence lengths sq={cfg.sq}, skv={cfg.skv} must be multiples of {c.seqlen_multiple}")
+        if cfg.d_qk % c.head_dim_multiple or cfg.d_v % c.head_dim_multiple:
+            why.append(f"head dims d_qk={cfg.d_qk}, d_v={cfg.d_v} must be multiples of {c.head_dim_multiple}")
+        if c.head_dims is not None and not {cfg.d_qk, cfg.d_v} <= c.head_dims:
+            why.append(f"head dims d_qk={cfg.d_qk}, d_v={cfg.d_v} (supported: {sorted(c.head_dims)})")
+        if not c.supports_gqa and cfg.is_gqa:
+            why.append(f"grouped-query attention (h={cfg.h}, hg={cfg.hg}) is not supported")
+        if not c.supports_dropout and cfg.has_dropout:
+            why.append(f"dropout={cfg.dropout} is not supported")
+        if not c.supports_window and cfg.has_window:
+            why.append(f"sliding window {cfg.window} is not supported")
+        if not c.supports_deterministic and cfg.deterministic and direction == Direction.BWD:
+            why.append("a deterministic backward is not supported")
+        if env.sm is not None:
+            if env.sm < c.min_sm or (c.max_sm is not None and env.sm >= c.max_sm):
+                upper = f", below sm{c.max_sm}" if c.max_sm is not None else ""
+                why.append(f"GPU sm{env.sm} (needs sm{c.min_sm} or newer{upper})")
+        if env.cudnn_version is not None:
+            if env.cudnn_version < c.min_cudnn:
+                why.append(f"cuDNN {env.cudnn_version} is older than {c.min_cudnn}")
+            if env.cudnn_version in c.bad_cudnn:
+                why.append(f"cuDNN {env.cudnn_version} has known bugs for this sub-backend")
+        why.extend(self.extra_reasons(cfg, env, direction))
+        return why
+
+    def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
+        """Rules the flat declaration cannot express. Override to add reasons."""
+        return []
+
+    def supports(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction = Direction.FWD) -> bool:
+        return not self.not_supported_reasons(cfg, env, direction)
+
+    # ---------------------------------------------------------------- graphs
+    def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        raise NotImplementedError(f"{self.name}: forward graph builder not implemented ({self.caps.tracking_issue})")
+
+    def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        raise NotImplementedError(f"{self.name}: backward graph builder not implemented ({self.caps.tracking_issue})")
+
+    def build(self, cfg: AttnConfig, direction: Direction, handle: Any = None) -> GraphSpec:
+        return self.build_fwd(cfg, handle) if direction == Direction.FWD else self.build_bwd(cfg, handle)
+
+    # ---------------------------------------------------------------- runtime data
+    def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
+        """How far one call advances the Philox offset (TransformerEngine's increments)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,210 @@
+"""F16 arbitrary-seqlen sub-backend: cuDNN's flash-style SDPA (``graph.sdpa`` / ``sdpa_backward``).
+
+Semantics follow TransformerEngine's ``fused_attn_f16_arbitrary_seqlen.cu``: the forward
+always produces the softmax stats (natural-log logsumexp, fp32 ``[b, h, sq, 1]``); masks
+and sliding windows become cuDNN diagonal bands (``left = window_left + 1``,
+``right = window_right``, causal = right bound 0); dropout takes a Philox seed/offset pair
+from device memory (``rng_state``), so the backward replays the forward's mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import AttnConfig
+from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, SoftmaxType
+from ..layouts import DENSE_LAYOUTS, layout_strides
+from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
+from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
+
+__all__ = ["F16ArbitrarySeqlen"]
+
+
+class F16ArbitrarySeqlen(SubBackend):
+    enum = FusedAttnBackend.F16_arbitrary_seqlen
+    caps = Capabilities(
+        dtypes=frozenset({torch.float16, torch.bfloat16}),
+        layouts=frozenset(DENSE_LAYOUTS),
+        masks=frozenset({AttnMaskType.no_mask, AttnMaskType.causal, AttnMaskType.causal_bottom_right}),
+        bias_types=frozenset({AttnBiasType.no_bias, AttnBiasType.post_scale_bias, AttnBiasType.alibi}),
+        softmax_types=frozenset({SoftmaxType.vanilla}),
+        head_dim_multiple=8,
+        max_head_dim=128,  # widened to 256 on sm90 below, as cuDNN allows
+        min_sm=80,
+        min_cudnn=90000,
+        bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
+        tracking_issue="padding masks, THD and paged layouts: issue #3",
+    )
+
+    # ------------------------------------------------------------------ rules
+    def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
+        why: list[str] = []
+        if cfg.mask.is_padding:
+            why.append(f"attn_mask_type={cfg.mask.name}: padding masks arrive with variable-length support (issue #3)")
+        if cfg.sq == 1 and cfg.skv == 1 and (cfg.is_training or direction == Direction.BWD):
+            why.append("cuDNN's SDPA backward does not support sq = skv = 1")
+        why.extend(self._head_dim_reasons(cfg, env, direction))
+        if env.sm is not None and env.sm >= 100 and (env.cudnn_version or 0) < 90700:
+            why.append(f"sm{env.sm} needs cuDNN 9.7 or newer")
+        bottom_right = self._effective_bottom_right(cfg)
+        if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_shape is not None and cfg.bias_shape[2] != cfg.sq:
+            why.append(
+                f"attn_bias shape {list(cfg.bias_shape)}: cuDNN needs a bias of [1|b, 1|h, sq, skv] "
+                f"(a bias broadcast over queries, 111s, is not fused)"
+            )
+        if cfg.bias_type == AttnBiasType.alibi:
+            if not cfg.mask.is_causal:
+                why.append(f"alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type={cfg.mask.name}")
+            if env.sm is not None and env.sm < 90:
+                why.append(f"alibi needs sm90 or newer, got sm{env.sm}")
+        if bottom_right and cfg.mask.is_causal:
+            if cfg.sq > cfg.skv:
+                why.append(f"causal_bottom_right needs sq <= skv, got sq={cfg.sq} > skv={cfg.skv}")
+            if cfg.bias_type != AttnBiasType.no_bias:
+                why.append(f"causal_bottom_right with sq != skv cannot take attn_bias_type={cfg.bias_type.name}")
+            if cfg.has_dropout:
+                why.append("causal_bottom_right with sq != skv cannot take dropout")
+        if cfg.has_window:
+            if cfg.bias_type != AttnBiasType.no_bias:
+                why.append(f"sliding window {cfg.window} cannot take attn_bias_type={cfg.bias_type.name}")
+            if cfg.has_dropout:
+                why.append(f"sliding window {cfg.window} cannot take dropout")
+            if cfg.sq > cfg.skv:
+                why.append(f"sliding window {cfg.window} needs sq <= skv, got sq={cfg.sq}, skv={cfg.skv}")
+        if direction == Direction.BWD and cfg.deterministic and env.sm is not None and env.sm < 90:
+            why.append(f"a deterministic backward needs sm90 or newer, got sm{env.sm}")
+        return why
+
+    @staticmethod
+    def _head_dim_reasons(cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
+        d_qk, d_v = cfg.d_qk, cfg.d_v
+        training = cfg.is_training or direction == Direction.BWD
+        v = env.cudnn_version
+        if d_qk <= 128 and d_v <= 128:
+            return []
+        if max(d_qk, d_v) > 256:
+            return [f"head dims d_qk={d_qk}, d_v={d_v} exceed 256"]
+        # 128 < d <= 256: sm90 only, inference from 9.1, training from 9.5 (TE's rule)
+        if env.sm is not None and env.sm != 90:
+            return [f"head dims above 128 (d_qk={d_qk}, d_v={d_v}) need sm90, got sm{env.sm}"]
+        need = 90500 if training else 90100
+        if v is not None and v < need:
+            return [f"head dims above 128 need cuDNN {need} or newer for {'training' if training else 'inference'}"]
+        if training and v is not None and v >= 91100 and d_qk >= 128 and d_v >= 128 and d_qk != d_v and (d_qk, d_v) != (192, 128):
+            return [f"training with d_qk={d_qk} != d_v={d_v} (both >= 128) is not supported on sm90 except 192/128"]
+        return []
+
+    @staticmethod
+    def _effective_bottom_right(cfg: AttnConfig) -> bool:
+        """TE demotes bottom-right alignment to top-left when sq == skv (identical masks)."""
+        return cfg.bottom_right_diagonal and cfg.sq != cfg.skv
+
+    def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
+        from ..enums import BACKEND_F16arb_ELTS_PER_THREADS
+
+        return BACKEND_F16arb_ELTS_PER_THREADS
+
+    # ------------------------------------------------------------------ graphs
+    def _mask_kwargs(self, cfg: AttnConfig, graph: Any) -> dict[str, Any]:
+        """attn_scale, bias/alibi, diagonal band and dropout options shared by fwd and bwd."""
+        cudnn = cudnn_module()
+        kw: dict[str, Any] = {"attn_scale": cfg.attn_scale}
+        left, right = cfg.window
+        if left >= 0:
+            kw["diagonal_band_left_bound"] = left + 1  # cuDNN's left bound is exclusive
+        if right >= 0:
+            kw["diagonal_band_right_bound"] = right
+        if "diagonal_band_left_bound" in kw or "diagonal_band_right_bound" in kw:
+            kw["diagonal_alignment"] = (
+                cudnn.diagonal_alignment.BOTTOM_RIGHT if self._effective_bottom_right(cfg) else cudnn.diagonal_alignment.TOP_LEFT
+            )
+        if cfg.bias_type == AttnBiasType.alibi:
+            kw["use_alibi_mask"] = True
+        if cfg.has_dropout:
+            i64 = cudnn.data_type.INT64
+            seed = graph.tensor(name="seed", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.SEED)
+            offset = graph.tensor(name="offset", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.OFFSET)
+            kw["dropout"] = (cfg.dropout, seed, offset)
+        return kw
+
+    def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
+        cudnn = cudnn_module()
+        io = torch_dtype_to_cudnn(cfg.dtype)
+        kwargs = {} if handle is None else {"handle": handle}
+        g = cudnn.pygraph(
+            name=f"te_cudnn_{self.name}_{direction.value}",
+            io_data_type=io,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            **kwargs,
+        )
+        q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
+        k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
+        v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)
+        bias = None
+        if cfg.bias_type == AttnBiasType.post_scale_bias:
+            bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
+        return g, q, k, v, bias
+
+    def _stats_dims(self, cfg: AttnConfig) -> tuple[list[int], list[int]]:
+        return [cfg.b, cfg.h, cfg.sq, 1], [cfg.h * cfg.sq, cfg.sq, 1, 1]
+
+    def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        cudnn = cudnn_module()
+        g, q, k, v, bias = self._graph(cfg, handle, Direction.FWD)
+        kw = self._mask_kwargs(cfg, g)
+        if bias is not None:
+            kw["bias"] = bias
+        # TE generates the stats in inference too: aux_ctx_tensors always carries them.
+        o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **kw)
+        o.set_output(True).set_uid(Uid.O).set_dim([cfg.b, cfg.h, cfg.sq, cfg.d_v]).set_stride(list(cfg.o_stride))
+        dims, strides = self._stats_dims(cfg)
+        stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT).set_dim(dims).set_stride(strides)
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
+        if bias is not None:
+            uids.append(Uid.BIAS)
+        if cfg.has_dropout:
+            uids += [Uid.SEED, Uid.OFFSET]
+        return GraphSpec(g, tuple(uids), Direction.FWD)
+
+    def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        cudnn = cudnn_module()
+        io = torch_dtype_to_cudnn(cfg.dtype)
+        g, q, k, v, bias = self._graph(cfg, handle, Direction.BWD)
+        o_dims = [cfg.b, cfg.h, cfg.sq, cfg.d_v]
+        o = g.tensor(name="o", dim=o_dims, stride=list(cfg.o_stride), data_type=io, uid=Uid.O)
+        d_o = g.tensor(name="d_o", dim=o_dims, stride=list(cfg.do_stride or cfg.o_stride), data_type=io, uid=Uid.DO)
+        dims, strides = self._stats_dims(cfg)
+        stats = g.tensor(name="stats", dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT, uid=Uid.STATS)
+        kw = self._mask_kwargs(cfg, g)
+        dbias = None
+        if bias is not None:
+            kw["bias"] = bias
+            if cfg.has_dbias:
+                shape = list(cfg.bias_shape)
+                contiguous = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1]
+                dbias = g.tensor(name="dbias", dim=shape, stride=contiguous, data_type=io, uid=Uid.DBIAS)
+                kw["dBias"] = dbias
+        dq, dk, dv = g.sdpa_backward(
+            q=q, k=k, v=v, o=o, dO=d_o, stats=stats, use_deterministic_algorithm=cfg.deterministic, name="sdpa_backward", **kw
+        )
+        # Gradients are allocated in the layout's own format (packed where the layout packs).
+        st = layout_strides(cfg.layout, cfg.b, cfg.h, cfg.hg, cfg.sq, cfg.skv, cfg.d_qk, cfg.d_v)
+        for t, uid, dim, stride in (
+            (dq, Uid.DQ, [cfg.b, cfg.h, cfg.sq, cfg.d_qk], st["q"]),
+            (dk, Uid.DK, [cfg.b, cfg.hg, cfg.skv, cfg.d_qk], st["k"]),
+            (dv, Uid.DV, [cfg.b, cfg.hg, cfg.skv, cfg.d_v], st["v"]),
+        ):
+            t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(io)
+        if dbias is not None:
+            dbias.set_output(True)
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV]
+        if bias is not None:
+            uids.append(Uid.BIAS)
+        if dbias is not None:
+            uids.append(Uid.DBIAS)
+        if cfg.has_dropout:
+            uids += [Uid.SEED, Uid.OFFSET]
+        return GraphSpec(g, tuple(uids), Direction.BWD)

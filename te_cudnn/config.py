@@ -1,0 +1,448 @@
+"""One frozen, validated description of a fused-attention call.
+
+:class:`AttnConfig` holds everything that decides which cuDNN graph serves a call (shapes,
+strides, dtypes, layout, mask, bias, dropout, window, scale, determinism, device) and
+nothing that does not (tensor values, pointers). It is built once per distinct call
+signature by :func:`describe_fwd` / :func:`describe_bwd`, which are also where malformed
+input is rejected with ``ValueError`` / ``TypeError`` naming the argument and its value.
+Strings become enums here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
+from .layouts import bhsd_dims, get_qkv_layout, layout_info
+
+__all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "F16_DTYPES", "FP8_DTYPES"]
+
+F16_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
+_ALIGN_BYTES = 16  # cuDNN SDPA needs 16-byte aligned strides and pointers (frontend #1571)
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """A validated fused-attention call. Dims are logical BHSD; strides are in elements."""
+
+    dtype: torch.dtype
+    layout: QKVLayout
+    b: int
+    h: int
+    hg: int
+    sq: int
+    skv: int
+    d_qk: int
+    d_v: int
+    q_stride: tuple[int, ...]
+    k_stride: tuple[int, ...]
+    v_stride: tuple[int, ...]
+    o_stride: tuple[int, ...]
+    mask: AttnMaskType
+    bias_type: AttnBiasType
+    bias_shape: Optional[tuple[int, ...]]
+    bias_stride: Optional[tuple[int, ...]]
+    softmax_type: SoftmaxType
+    dropout: float
+    is_training: bool
+    window: tuple[int, int]
+    bottom_right_diagonal: bool
+    attn_scale: float
+    deterministic: bool
+    device: int  # CUDA device index; -1 for CPU/meta tensors (describe and validate only)
+    do_stride: Optional[tuple[int, ...]] = None  # backward only
+
+    @property
+    def is_gqa(self) -> bool:
+        return self.h != self.hg
+
+    @property
+    def has_window(self) -> bool:
+        """A band beyond what the mask itself implies (left bound set, or right > 0)."""
+        return self.window[0] >= 0 or self.window[1] > 0
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.is_training and self.dropout > 0.0
+
+    @property
+    def has_dbias(self) -> bool:
+        """cuDNN produces dBias unless the bias broadcasts over b, h and sq (TE's 111s rule)."""
+        return self.bias_type == AttnBiasType.post_scale_bias and self.bias_shape is not None and self.bias_shape[:3] != (1, 1, 1)
+
+    def for_backward(self, do_stride: tuple[int, ...], deterministic: bool) -> "AttnConfig":
+        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic)
+
+    def summary(self) -> str:
+        """One line for error messages."""
+        parts = [
+            f"{self.layout.name} {str(self.dtype).removeprefix('torch.')}",
+            f"b={self.b} h={self.h} hg={self.hg} sq={self.sq} skv={self.skv} d_qk={self.d_qk} d_v={self.d_v}",
+            f"mask={self.mask.name} bias={self.bias_type.name}"
+            + (f"{list(self.bias_shape)}" if self.bias_shape else ""),
+        ]
+        if self.has_window:
+            parts.append(f"window={self.window}")
+        if self.has_dropout:
+            parts.append(f"dropout={self.dropout}")
+        if self.softmax_type != SoftmaxType.vanilla:
+            parts.append(f"softmax={self.softmax_type.name}")
+        if self.deterministic:
+            parts.append("deterministic")
+        parts.append("training" if self.is_training else "inference")
+        return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers: each raises ValueError/TypeError naming the argument
+# --------------------------------------------------------------------------------------------
+
+
+def _tensor(name: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.type == "cuda" and t.device.index is not None else (0 if t.device.type == "cuda" else -1)
+
+
+def _same_device(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all tensors must share one device")
+
+
+def _check_strides(name: str, t: torch.Tensor) -> None:
+    stride = t.stride()
+    if stride[-1] != 1:
+        raise ValueError(
+            f"{name} must have a unit-stride last dimension, got shape {tuple(t.shape)} stride {tuple(stride)}"
+        )
+    esize = t.element_size()
+    bad = [s for n, s in zip(t.shape[:-1], stride[:-1]) if n > 1 and (s * esize) % _ALIGN_BYTES]
+    if bad:
+        raise ValueError(
+            f"{name} has strides {tuple(stride)} ({esize}-byte elements); cuDNN needs every non-unit stride "
+            f"to be a multiple of {_ALIGN_BYTES} bytes (head dims a multiple of {_ALIGN_BYTES // esize})"
+        )
+
+
+def _check_cu_seqlens(name: str, t: Optional[torch.Tensor], b: int, q: torch.Tensor, required: bool) -> None:
+    if t is None:
+        if required:
+            raise ValueError(f"{name} is required for padding masks (int32 [b+1] = [{b + 1}])")
+        return
+    _tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != b + 1:
+        raise ValueError(f"{name} must have shape [b+1] = [{b + 1}], got {list(t.shape)}")
+    _same_device(name, t, q)
+
+
+def _scalar(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {type(value).__name__}")
+    return kind(value)
+
+
+def _window(window_size: Any, mask: AttnMaskType) -> tuple[int, int]:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a (left, right) pair, got {window_size!r}")
+    left, right = (_scalar("window_size", w, int) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size={tuple(window_size)} entries must be >= -1 (-1 means unbounded)")
+    if mask.is_causal:
+        if right not in (-1, 0):
+            raise ValueError(
+                f"window_size={tuple(window_size)} has right={right} but attn_mask_type={mask.name} allows no keys "
+                "right of the diagonal; use right=0 or -1"
+            )
+        right = 0
+    return left, right
+
+
+def _format_dims(info_fmt: QKVFormat, name: str, t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-d in format {info_fmt.name}, got shape {list(t.shape)}")
+    return bhsd_dims(info_fmt, t.shape, t.stride())
+
+
+def _contiguous_bhsd(fmt: QKVFormat, b: int, h: int, s: int, d: int) -> tuple[int, ...]:
+    """BHSD strides of a contiguous tensor in ``fmt`` (how results are allocated)."""
+    if fmt == QKVFormat.sbhd:
+        return (h * d, d, b * h * d, 1)
+    return (s * h * d, d, h * d, 1)
+
+
+def describe_fwd(
+    *,
+    is_training: Any,
+    max_seqlen_q: Any,
+    max_seqlen_kv: Any,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_kv: Optional[torch.Tensor],
+    q: Any,
+    k: Any,
+    v: Any,
+    qkv_dtype: Any,
+    attn_bias: Optional[torch.Tensor],
+    attn_scale: Optional[float],
+    dropout: Any,
+    qkv_layout: Any,
+    attn_bias_type: Any,
+    attn_mask_type: Any,
+    softmax_type: Any,
+    window_size: Any,
+    bottom_right_diagonal: Optional[bool],
+    deterministic: bool = False,
+) -> AttnConfig:
+    """Validate a forward call and describe it. Dense (sbhd/bshd) layouts only."""
+    q, k, v = _tensor("q", q), _tensor("k", k), _tensor("v", v)
+    layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
+    info = layout_info(layout)
+    mask = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
+    bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
+    softmax = SoftmaxType.coerce(softmax_type, argument="softmax_type")
+    if not isinstance(is_training, bool):
+        raise TypeError(f"is_training must be a bool, got {type(is_training).__name__}")
+
+    dtype = q.dtype
+    if dtype not in F16_DTYPES + FP8_DTYPES:
+        raise TypeError(f"q.dtype={dtype}; fused attention takes float16, bfloat16 or float8 tensors")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != dtype:
+            raise TypeError(f"{name}.dtype={t.dtype} differs from q.dtype={dtype}")
+        _same_device(name, t, q)
+    if qkv_dtype is not None and qkv_dtype != dtype and dtype in F16_DTYPES:
+        raise TypeError(f"qkv_dtype={qkv_dtype} does not match q.dtype={dtype}")
+
+    (b, h, sq, d_qk), q_stride = _format_dims(info.q_format, "q", q)
+    (bk, hg, skv, dk), k_stride = _format_dims(info.kv_format, "k", k)
+    (bv, hv, sv, d_v), v_stride = _format_dims(info.kv_format, "v", v)
+    if (bk, bv) != (b, b):
+        raise ValueError(f"batch sizes differ: q has b={b}, k has b={bk}, v has b={bv} (layout {layout.name})")
+    if (hv, sv) != (hg, skv):
+        raise ValueError(f"k has {hg} heads x {skv} keys but v has {hv} heads x {sv} keys")
+    if dk != d_qk:
+        raise ValueError(f"q head dim {d_qk} differs from k head dim {dk}")
+    if hg == 0 or h % hg:
+        raise ValueError(f"k/v have {hg} heads, which does not divide q's {h} heads (GQA/MQA needs h % hg == 0)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_strides(name, t)
+    if info.packs_qkv and not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"qkv_layout={layout.name} packs q, k and v in one buffer, so they need one shape; got "
+            f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    if info.packs_qkv or info.packs_kv:
+        actual = get_qkv_layout(q, k, v, info.q_format.name)
+        if actual != layout.name:
+            raise ValueError(
+                f"qkv_layout={layout.name!r} but q, k, v are laid out as {actual!r}; pass views of one packed "
+                "buffer or name the layout they have"
+            )
+
+    max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
+    max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
+    if max_seqlen_q != sq:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (layout {layout.name})")
+    if max_seqlen_kv != skv:
+        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (layout {layout.name})")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, b, q, mask.is_padding)
+    _check_cu_seqlens("cu_seqlens_kv", cu_seqlens_kv, b, q, mask.is_padding)
+
+    bias_shape = bias_stride = None
+    if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
+        if attn_bias is None:
+            raise ValueError(f"attn_bias_type={bias_type.name} needs attn_bias, got None")
+        _tensor("attn_bias", attn_bias)
+        if attn_bias.dtype != dtype:
+            raise TypeError(f"attn_bias.dtype={attn_bias.dtype} must equal q.dtype={dtype}")
+        _same_device("attn_bias", attn_bias, q)
+        shape = tuple(attn_bias.shape)
+        ok = len(shape) == 4 and shape[0] in (1, b) and shape[1] in (1, h) and shape[2] in (1, sq) and shape[3] == skv
+        if not ok:
+            raise ValueError(
+                f"attn_bias has shape {list(shape)}; expected [1 or b, 1 or h, sq, skv] = "
+                f"[1|{b}, 1|{h}, {sq}, {skv}] (or [1, 1, 1, {skv}])"
+            )
+        _check_strides("attn_bias", attn_bias)
+        bias_shape, bias_stride = shape, tuple(attn_bias.stride())
+    elif attn_bias is not None:
+        raise ValueError(f"attn_bias was given but attn_bias_type={bias_type.name}; pass attn_bias_type='post_scale_bias'")
+
+    if attn_scale is None:
+        attn_scale = 1.0 / math.sqrt(d_qk)
+    attn_scale = _scalar("attn_scale", attn_scale, float)
+    if not math.isfinite(attn_scale):
+        raise ValueError(f"attn_scale={attn_scale} must be finite")
+    dropout = _scalar("dropout", dropout, float)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout} must be in [0, 1)")
+    if dropout > 0.0 and not is_training:
+        raise ValueError(f"dropout={dropout} during inference (is_training=False); dropout must be 0 in inference")
+    window = _window(window_size, mask)
+    if bottom_right_diagonal is None:
+        bottom_right_diagonal = mask.is_bottom_right
+    elif not isinstance(bottom_right_diagonal, bool):
+        raise TypeError(f"bottom_right_diagonal must be a bool or None, got {type(bottom_right_diagonal).__name__}")
+
+    return AttnConfig(
+        dtype=dtype,
+        layout=layout,
+        b=b,
+        h=h,
+        hg=hg,
+        sq=sq,
+        skv=skv,
+        d_qk=d_qk,
+        d_v=d_v,
+        q_stride=q_stride,
+        k_stride=k_stride,
+        v_stride=v_stride,
+        o_stride=_contiguous_bhsd(info.q_format, b, h, sq, d_v),
+        mask=mask,
+        bias_type=bias_type,
+        bias_shape=bias_shape,
+        bias_stride=bias_stride,
+        softmax_type=softmax,
+        dropout=dropout if is_training else 0.0,
+        is_training=is_training,
+        window=window,
+        bottom_right_diagonal=bool(bottom_right_diagonal),
+        attn_scale=attn_scale,
+        deterministic=bool(deterministic),
+        device=_device_index(q),
+    )
+
+
+def describe_bwd(
+    fwd: AttnConfig,
+    *,
+    q: torch.Tensor,
+    o: Any,
+    d_o: Any,
+    aux_ctx_tensors: Any,
+    deterministic: Any,
+) -> tuple[AttnConfig, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Validate the backward-only arguments; returns (config, stats, rng_state, bias)."""
+    o, d_o = _tensor("o", o), _tensor("d_o", d_o)
+    info = layout_info(fwd.layout)
+    for name, t in (("o", o), ("d_o", d_o)):
+        if t.dtype != fwd.dtype:
+            raise TypeError(f"{name}.dtype={t.dtype} differs from q.dtype={fwd.dtype}")
+        expected = (*q.shape[:-1], fwd.d_v)
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {list(expected)} (q's with head dim d_v), got {list(t.shape)}")
+        _same_device(name, t, q)
+        _check_strides(name, t)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if not isinstance(aux_ctx_tensors, (list, tuple)):
+        raise TypeError(f"aux_ctx_tensors must be the list fused_attn_fwd returned, got {type(aux_ctx_tensors).__name__}")
+    want = 3 if fwd.bias_type == AttnBiasType.post_scale_bias else 2
+    if len(aux_ctx_tensors) < want:
+        raise ValueError(
+            f"aux_ctx_tensors must hold [softmax_stats, rng_state{', bias' if want == 3 else ''}] as returned by "
+            f"fused_attn_fwd; got {len(aux_ctx_tensors)} tensor(s)"
+        )
+    stats, rng_state = _tensor("aux_ctx_tensors[0]", aux_ctx_tensors[0]), _tensor("aux_ctx_tensors[1]", aux_ctx_tensors[1])
+    stats_shape = (fwd.b, fwd.h, fwd.sq, 1)
+    if stats.dtype != torch.float32 or tuple(stats.shape) != stats_shape or not stats.is_contiguous():
+        raise ValueError(
+            f"aux_ctx_tensors[0] (softmax stats) must be a contiguous float32 {list(stats_shape)} tensor, got "
+            f"{stats.dtype} {list(stats.shape)} stride {tuple(stats.stride())}"
+        )
+    if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
+        raise ValueError(f"aux_ctx_tensors[1] (rng_state) must be int64 [2], got {rng_state.dtype} {list(rng_state.shape)}")
+    _same_device("aux_ctx_tensors[0]", stats, q)
+    _same_device("aux_ctx_tensors[1]", rng_state, q)
+    bias = None
+    if want == 3:
+        bias = _tensor("aux_ctx_tensors[2]", aux_ctx_tensors[2])
+        if tuple(bias.shape) != fwd.bias_shape or tuple(bias.stride()) != fwd.bias_stride:
+            raise ValueError(f"aux_ctx_tensors[2] (bias) must match the forward's attn_bias {list(fwd.bias_shape or ())}")
+    _, do_stride = bhsd_dims(info.q_format, d_o.shape, d_o.stride())
+    _, o_stride = bhsd_dims(info.q_format, o.shape, o.stride())
+    cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride)
+    return cfg, stats, rng_state, bias
+
+
+def describe_shapes(
+    *,
+    is_training: bool,
+    dtype: torch.dtype,
+    qkv_layout: Any,
+    attn_bias_type: Any,
+    attn_mask_type: Any,
+    softmax_type: Any,
+    dropout: float,
+    num_attn_heads: int,
+    num_gqa_groups: int,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    window_size: tuple[int, int],
+    deterministic: bool = False,
+    batch_size: int = 1,
+    bias_shape: Optional[Sequence[int]] = None,
+    attn_scale: Optional[float] = None,
+    device: int = -1,
+) -> AttnConfig:
+    """Describe a call from sizes alone (tensors laid out as ``qkv_layout`` names them).
+
+    Used by :func:`te_cudnn.get_fused_attn_backend` / :func:`te_cudnn.explain` and to build
+    and validate graphs without tensors. Malformed sizes raise ``ValueError``.
+    """
+    from .layouts import layout_strides  # noqa: PLC0415 - sibling module, avoid a cycle at import
+
+    layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
+    info = layout_info(layout)
+    if not info.is_dense:
+        raise ValueError(f"qkv_layout={layout.name}: sizes-only descriptions cover the dense sbhd/bshd layouts")
+    if dtype not in F16_DTYPES + FP8_DTYPES:
+        raise TypeError(f"dtype={dtype}; fused attention takes float16, bfloat16 or float8")
+    b, h, hg = (_scalar(n, x, int) for n, x in (("batch_size", batch_size), ("num_attn_heads", num_attn_heads), ("num_gqa_groups", num_gqa_groups)))
+    sq, skv = _scalar("max_seqlen_q", max_seqlen_q, int), _scalar("max_seqlen_kv", max_seqlen_kv, int)
+    d_qk, d_v = _scalar("head_dim_qk", head_dim_qk, int), _scalar("head_dim_v", head_dim_v, int)
+    for name, value in (("batch_size", b), ("num_attn_heads", h), ("num_gqa_groups", hg), ("max_seqlen_q", sq),
+                        ("max_seqlen_kv", skv), ("head_dim_qk", d_qk), ("head_dim_v", d_v)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if h % hg:
+        raise ValueError(f"num_gqa_groups={hg} does not divide num_attn_heads={h}")
+    if (info.packs_qkv or info.packs_kv) and d_qk != d_v:
+        raise ValueError(f"qkv_layout={layout.name} packs k and v, so head_dim_qk={d_qk} must equal head_dim_v={d_v}")
+    if info.packs_qkv and (sq != skv or h != hg):
+        raise ValueError(f"qkv_layout={layout.name} packs q, k and v, so it needs sq == skv and h == hg")
+    mask = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
+    bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
+    if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
+        shape = tuple(bias_shape) if bias_shape is not None else (1, h, sq, skv)
+        stride = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+    else:
+        shape = stride = None
+    st = layout_strides(layout, b, h, hg, sq, skv, d_qk, d_v)
+    dropout = _scalar("dropout", dropout, float)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout} must be in [0, 1)")
+    if dropout > 0 and not is_training:
+        raise ValueError(f"dropout={dropout} during inference (is_training=False); dropout must be 0 in inference")
+    return AttnConfig(
+        dtype=dtype, layout=layout, b=b, h=h, hg=hg, sq=sq, skv=skv, d_qk=d_qk, d_v=d_v,
+        q_stride=st["q"], k_stride=st["k"], v_stride=st["v"], o_stride=st["o"],
+        mask=mask, bias_type=bias_type, bias_shape=shape, bias_stride=stride,
+        softmax_type=SoftmaxType.coerce(softmax_type, argument="softmax_type"),
+        dropout=dropout, is_training=bool(is_training), window=_window(window_size, mask),
+        bottom_right_diagonal=mask.is_bottom_right,
+        attn_scale=float(attn_scale) if attn_scale is not None else 1.0 / math.sqrt(d_qk),
+        deterministic=bool(deterministic), device=device,
+    )  # fmt: skip

@@ -1,0 +1,58 @@
+"""Typed errors.
+
+* Malformed input (wrong dtype, device, shape, stride, ...) raises the built-in
+  ``ValueError`` / ``TypeError`` with the argument's name and value, before any GPU work.
+* A well-formed configuration that no sub-backend serves raises
+  :class:`UnsupportedConfigError`, which carries every sub-backend's reasons. It subclasses
+  ``NotImplementedError`` so callers can catch it and choose another attention.
+* A configuration the declarations accept but cuDNN itself declines at plan time raises
+  :class:`GraphBuildError` with cuDNN's message and the plan key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+__all__ = ["TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CudnnUnavailableError"]
+
+
+class TeCudnnError(Exception):
+    """Base class of te_cudnn's own errors."""
+
+
+class UnsupportedConfigError(TeCudnnError, NotImplementedError):
+    """No sub-backend serves this configuration; ``reasons`` maps each one to its reasons."""
+
+    def __init__(self, summary: str, reasons: Mapping[Any, Sequence[str]]):
+        self.summary = summary
+        self.reasons = {k: list(v) for k, v in reasons.items()}
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        lines = [f"No cuDNN fused-attention sub-backend supports {self.summary}"]
+        for backend, why in self.reasons.items():
+            name = getattr(backend, "name", str(backend))
+            if why:
+                lines.append(f"  {name} declined because:")
+                lines.extend(f"    - {r}" for r in why)
+            else:
+                lines.append(f"  {name}: supported")
+        return "\n".join(lines)
+
+
+class GraphBuildError(TeCudnnError):
+    """cuDNN declined to plan or build a graph our declarations accepted."""
+
+    def __init__(self, key: Any, stage: str, cause: BaseException):
+        self.key = key
+        self.stage = stage
+        self.cause = cause
+        super().__init__(
+            f"cuDNN could not {stage} the graph for {key}: {type(cause).__name__}: {cause}\n"
+            "Set CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr (and CUDNN_FRONTEND_LOG_INFO=1 "
+            "CUDNN_FRONTEND_LOG_FILE=stderr) to see cuDNN's own reasons."
+        )
+
+
+class CudnnUnavailableError(TeCudnnError, RuntimeError):
+    """Execution was requested where no CUDA device or libcudnn is available."""

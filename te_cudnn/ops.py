@@ -1,0 +1,478 @@
+"""``fused_attn_fwd`` / ``fused_attn_bwd``: TransformerEngine's interface over cached cuDNN plans.
+
+Host path: the first call with a given signature (shapes, strides, dtypes, devices and
+options) validates it, selects a sub-backend and looks up or builds the plan; the result is
+remembered under the raw signature, so later calls do no validation, no selection and no key
+construction, only allocation of the results and ``graph.execute``. Nothing is copied: q, k,
+v are handed to cuDNN as strided views, results are allocated in the layout's own format.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .backends import BY_ENUM, Direction, SubBackend, Uid, explain_config, select
+from .config import AttnConfig, describe_bwd, describe_fwd, describe_shapes
+from .enums import (
+    META_DO,
+    META_DP,
+    META_DQKV,
+    META_O,
+    META_QKV,
+    META_S,
+    AttnBiasType,
+    FusedAttnBackend,
+    QKVLayout,
+)
+from .errors import UnsupportedConfigError
+from .layouts import alloc_qkv_grads, layout_info
+from .plans import CompiledPlan, handle_for, make_key, plan_cache
+from .runtime import RuntimeEnv, current_env, frontend_version
+
+__all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation"]
+
+_MEMO_LIMIT = 4096  # distinct call signatures remembered (each entry is a few hundred bytes)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """Everything a repeated call needs, computed once per call signature."""
+
+    cfg: AttnConfig
+    backend: SubBackend
+    key: Any
+    out_shape: tuple[int, ...]
+    stats_shape: tuple[int, ...]
+    device: torch.device
+    rng_increment: int
+
+
+_fwd_memo: dict[tuple, _Prepared] = {}
+_bwd_memo: dict[tuple, _Prepared] = {}
+_memo_lock = threading.Lock()
+_zero_rng: dict[int, torch.Tensor] = {}
+
+
+def _remember(memo: dict[tuple, _Prepared], sig: tuple, prepared: _Prepared) -> None:
+    with _memo_lock:
+        if len(memo) >= _MEMO_LIMIT:
+            memo.clear()
+        memo[sig] = prepared
+
+
+def _meta(t: Optional[torch.Tensor]) -> Any:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
+    if value is None:
+        return None
+    return FusedAttnBackend.coerce(value, argument="fused_attention_backend")
+
+
+def _require_cuda(cfg: AttnConfig, q: torch.Tensor) -> RuntimeEnv:
+    if cfg.device < 0:
+        raise ValueError(
+            f"q is on {q.device}; fused attention executes on CUDA devices "
+            "(te_cudnn.explain() and the graph builders work without one)"
+        )
+    env = current_env(cfg.device)
+    if env.cudnn_version is None:
+        raise ValueError("the cuDNN frontend found no libcudnn; install torch with cuDNN or te_cudnn[cu12]/[cu13]")
+    return env
+
+
+def _check_no_fp8_args(dtype: torch.dtype, **tensors: Any) -> None:
+    given = [name for name, t in tensors.items() if t is not None]
+    if given and dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{', '.join(given)} are FP8 scaling arguments, but q is {str(dtype).removeprefix('torch.')}")
+
+
+def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Tensor:
+    """[seed, offset] for cuDNN's Philox dropout; advances the generator like TE."""
+    device = prep.device.index
+    if prep.rng_increment == 0:  # no dropout: a shared all-zero state, never written
+        state = _zero_rng.get(device)
+        if state is None:
+            state = _zero_rng[device] = torch.zeros(2, dtype=torch.int64, device=prep.device)
+        return state
+    gen = rng_gen if rng_gen is not None else torch.cuda.default_generators[device]
+    if torch.cuda.is_current_stream_capturing():
+        raise ValueError("dropout inside CUDA-graph capture is not supported yet: the Philox state is read on the host")
+    seed = gen.initial_seed()
+    offset = gen.get_offset()
+    gen.set_offset(offset + (prep.rng_increment + 3) // 4 * 4)  # torch keeps offsets 4-aligned
+    if seed >= 1 << 63:  # the uint64 seed travels bit-for-bit in an int64 tensor
+        seed -= 1 << 64
+    return torch.tensor([seed, offset], dtype=torch.int64).to(prep.device, non_blocking=True)
+
+
+def _execute(plan: CompiledPlan, buffers: dict[int, int], device: torch.device) -> None:
+    workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=device)
+    handle = handle_for(device.index)
+    plan.graph.execute([buffers[u] for u in plan.uids], workspace, handle=handle, tensor_uids=plan.uids)
+
+
+# ================================================================================ forward
+
+
+def fused_attn_fwd(
+    is_training: bool,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_kv: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qkv_dtype: Optional[torch.dtype],
+    fused_attention_backend: Any = None,
+    attn_bias: Optional[torch.Tensor] = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    d_scale_qkv: Optional[torch.Tensor] = None,
+    d_scale_qkv_offset: int = META_QKV,
+    d_scale_s: Optional[torch.Tensor] = None,
+    d_scale_s_offset: int = META_S,
+    q_scale_s: Optional[torch.Tensor] = None,
+    q_scale_s_offset: int = META_S,
+    q_scale_o: Optional[torch.Tensor] = None,
+    q_scale_o_offset: int = META_O,
+    amax_s: Optional[torch.Tensor] = None,
+    amax_s_offset: int = META_S,
+    amax_o: Optional[torch.Tensor] = None,
+    amax_o_offset: int = META_O,
+    attn_scale: Optional[float] = None,
+    dropout: float = 0.0,
+    fast_zero_fill: bool = True,
+    qkv_layout: str = "sbh3d",
+    attn_bias_type: str = "no_bias",
+    attn_mask_type: str = "padding",
+    softmax_type: str = "vanilla",
+    window_size: Sequence[int] = (-1, -1),
+    bottom_right_diagonal: Optional[bool] = None,
+    rng_gen: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
+
+    Shapes follow ``qkv_layout``: for ``bshd_*`` layouts q is ``[b, sq, h, d_qk]`` and k/v are
+    ``[b, skv, hg, d]``; for ``sbhd_*`` the first two dims swap; packed layouts (``sb3hd``,
+    ``bsh3d``, ``*_2hd``, ``*_h2d``) take q, k, v as views into one buffer. ``hg`` must divide
+    ``h`` (GQA/MQA). Equivalent PyTorch, in BHSD::
+
+        s = attn_scale * q @ k.transpose(-2, -1) + bias   # attn_scale defaults to d_qk ** -0.5
+        out = dropout(softmax(mask(s))) @ v
+
+    Returns ``(out, aux_ctx_tensors)``: ``out`` in q's format with head dim ``d_v``;
+    ``aux_ctx_tensors = [softmax_lse (fp32 [b, h, sq, 1], natural-log logsumexp), rng_state
+    (int64 [2] = Philox seed, offset; a shared all-zero tensor when dropout is off), bias
+    (post_scale_bias only)]``, which ``fused_attn_bwd`` takes back.
+
+    ``fused_attention_backend=None`` selects the sub-backend; naming one checks it and never
+    falls back. Masks: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right``; note that
+    TransformerEngine's default ``attn_mask_type="padding"`` needs variable-length support
+    (issue #3). ``window_size=(left, right)`` lets query i see keys
+    ``[i + skv - sq - left, i + skv - sq + right]`` (bottom-right aligned; top-left drops the
+    ``skv - sq``); -1 is unbounded. Dropout draws its Philox seed/offset from ``rng_gen``
+    (default: the device's CUDA generator), advancing it by 16 as TE does.
+
+    Raises:
+        TypeError / ValueError: malformed input, naming the argument and its value.
+        UnsupportedConfigError: valid input no sub-backend serves; lists every reason.
+        GraphBuildError: cuDNN declined to plan the graph.
+    """
+    sig = (
+        q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+        v.shape, v.stride(), v.dtype, v.get_device(), is_training, max_seqlen_q, max_seqlen_kv,
+        qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
+        softmax_type, tuple(window_size), bottom_right_diagonal, _meta(attn_bias), _meta(cu_seqlens_q),
+        _meta(cu_seqlens_kv), cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+        d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
+        and amax_s is None and amax_o is None,
+    )  # fmt: skip
+    prep = _fwd_memo.get(sig)
+    if prep is None:
+        prep = _prepare_fwd(sig, locals())
+        plan = plan_cache.get_or_build(prep.key, lambda: prep.backend.build_fwd(prep.cfg, handle_for(prep.device.index)))
+    else:
+        plan = plan_cache.get(prep.key) or plan_cache.get_or_build(
+            prep.key, lambda: prep.backend.build_fwd(prep.cfg, handle_for(prep.device.index))
+        )
+    out = torch.empty(prep.out_shape, dtype=q.dtype, device=prep.device)
+    stats = torch.empty(prep.stats_shape, dtype=torch.float32, device=prep.device)
+    rng_state = _rng_state(prep, rng_gen)
+    buffers = {Uid.Q: q.data_ptr(), Uid.K: k.data_ptr(), Uid.V: v.data_ptr(), Uid.O: out.data_ptr(), Uid.STATS: stats.data_ptr()}
+    if attn_bias is not None:
+        buffers[Uid.BIAS] = attn_bias.data_ptr()
+    if prep.rng_increment:
+        ptr = rng_state.data_ptr()
+        buffers[Uid.SEED], buffers[Uid.OFFSET] = ptr, ptr + 8
+    _execute(plan, buffers, prep.device)
+    aux = [stats, rng_state]
+    if attn_bias is not None:
+        aux.append(attn_bias)
+    return out, aux
+
+
+def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
+    """Slow path of the forward: validate, select, key. Runs once per call signature."""
+    layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
+    forced = _coerce_backend(a["fused_attention_backend"])
+    if not layout_info(layout).is_dense:
+        raise UnsupportedConfigError(
+            f"qkv_layout={layout.name}",
+            {b.enum: [f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"] for b in BY_ENUM.values()},
+        )
+    cfg = describe_fwd(
+        is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
+        cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
+        qkv_dtype=a["qkv_dtype"], attn_bias=a["attn_bias"], attn_scale=a["attn_scale"], dropout=a["dropout"],
+        qkv_layout=layout, attn_bias_type=a["attn_bias_type"], attn_mask_type=a["attn_mask_type"],
+        softmax_type=a["softmax_type"], window_size=a["window_size"],
+        bottom_right_diagonal=a["bottom_right_diagonal"],
+    )  # fmt: skip
+    _check_no_fp8_args(
+        cfg.dtype, d_scale_qkv=a["d_scale_qkv"], d_scale_s=a["d_scale_s"], q_scale_s=a["q_scale_s"],
+        q_scale_o=a["q_scale_o"], amax_s=a["amax_s"], amax_o=a["amax_o"],
+    )  # fmt: skip
+    if a["rng_gen"] is not None and not isinstance(a["rng_gen"], torch.Generator):
+        raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a['rng_gen']).__name__}")
+    env = _require_cuda(cfg, a["q"])
+    backend = select(cfg, env, forced, Direction.FWD)
+    prep = _Prepared(
+        cfg=cfg,
+        backend=backend,
+        key=make_key(backend.enum, Direction.FWD, cfg, env.cudnn_version, frontend_version()),
+        out_shape=(*a["q"].shape[:-1], cfg.d_v),
+        stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
+        device=a["q"].device,
+        rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
+    )
+    _remember(_fwd_memo, sig, prep)
+    return prep
+
+
+# ================================================================================ backward
+
+
+def fused_attn_bwd(
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_kv: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    d_o: torch.Tensor,
+    qkv_dtype: Optional[torch.dtype],
+    aux_ctx_tensors: list[torch.Tensor],
+    fused_attention_backend: Any = None,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    d_scale_qkv: Optional[torch.Tensor] = None,
+    d_scale_qkv_offset: int = META_QKV,
+    d_scale_s: Optional[torch.Tensor] = None,
+    d_scale_s_offset: int = META_S,
+    d_scale_o: Optional[torch.Tensor] = None,
+    d_scale_o_offset: int = META_O,
+    d_scale_do: Optional[torch.Tensor] = None,
+    d_scale_do_offset: int = META_DO,
+    d_scale_dp: Optional[torch.Tensor] = None,
+    d_scale_dp_offset: int = META_DP,
+    q_scale_s: Optional[torch.Tensor] = None,
+    q_scale_s_offset: int = META_S,
+    q_scale_dp: Optional[torch.Tensor] = None,
+    q_scale_dp_offset: int = META_DP,
+    q_scale_dqkv: Optional[torch.Tensor] = None,
+    q_scale_dqkv_offset: int = META_DQKV,
+    amax_dp: Optional[torch.Tensor] = None,
+    amax_dp_offset: int = META_DP,
+    amax_dqkv: Optional[torch.Tensor] = None,
+    amax_dqkv_offset: int = META_DQKV,
+    attn_scale: Optional[float] = None,
+    dropout: float = 0.0,
+    fast_zero_fill: bool = True,
+    qkv_layout: str = "sbh3d",
+    attn_bias_type: str = "no_bias",
+    attn_mask_type: str = "padding",
+    softmax_type: str = "vanilla",
+    window_size: Sequence[int] = (-1, -1),
+    bottom_right_diagonal: Optional[bool] = None,
+    deterministic: bool = False,
+) -> list[Optional[torch.Tensor]]:
+    """Fused attention backward (TransformerEngine's ``fused_attn_bwd``).
+
+    Takes the forward's inputs, its output ``o``, the output gradient ``d_o`` (any strides
+    with a unit-stride last dim) and the forward's ``aux_ctx_tensors``; the options must
+    match the forward's. Returns ``[dq, dk, dv, dbias]`` in the layout's own format (for
+    packed layouts dq/dk/dv are views of one buffer, as in TE); ``dbias`` is None without a
+    post-scale bias or when the bias broadcasts over b, h and sq. ``deterministic=True``
+    asks cuDNN for a bit-reproducible backward (on Hopper its workspace grows as sq x skv).
+
+    Raises the same errors as :func:`fused_attn_fwd`.
+    """
+    sig = (
+        q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+        v.shape, v.stride(), v.dtype, v.get_device(), o.shape, o.stride(), o.dtype, o.get_device(),
+        d_o.shape, d_o.stride(), d_o.dtype, d_o.get_device(), max_seqlen_q, max_seqlen_kv, qkv_dtype,
+        fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
+        tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
+        len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:3]),
+        cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+        all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
+                                q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)),
+    )  # fmt: skip
+    prep = _bwd_memo.get(sig)
+    if prep is None:
+        prep = _prepare_bwd(sig, locals())
+    plan = plan_cache.get(prep.key) or plan_cache.get_or_build(
+        prep.key, lambda: prep.backend.build_bwd(prep.cfg, handle_for(prep.device.index))
+    )
+    cfg = prep.cfg
+    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v)
+    stats, rng_state = aux_ctx_tensors[0], aux_ctx_tensors[1]
+    buffers = {
+        Uid.Q: q.data_ptr(), Uid.K: k.data_ptr(), Uid.V: v.data_ptr(), Uid.O: o.data_ptr(), Uid.DO: d_o.data_ptr(),
+        Uid.STATS: stats.data_ptr(), Uid.DQ: dq.data_ptr(), Uid.DK: dk.data_ptr(), Uid.DV: dv.data_ptr(),
+    }  # fmt: skip
+    dbias = None
+    if cfg.bias_type == AttnBiasType.post_scale_bias:
+        bias = aux_ctx_tensors[2]
+        buffers[Uid.BIAS] = bias.data_ptr()
+        if cfg.has_dbias:
+            dbias = torch.empty(bias.shape, dtype=bias.dtype, device=prep.device)
+            buffers[Uid.DBIAS] = dbias.data_ptr()
+    if cfg.has_dropout:
+        ptr = rng_state.data_ptr()
+        buffers[Uid.SEED], buffers[Uid.OFFSET] = ptr, ptr + 8
+    _execute(plan, buffers, prep.device)
+    return [dq, dk, dv, dbias]
+
+
+def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
+    layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
+    forced = _coerce_backend(a["fused_attention_backend"])
+    if not layout_info(layout).is_dense:
+        raise UnsupportedConfigError(
+            f"qkv_layout={layout.name}",
+            {b.enum: [f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"] for b in BY_ENUM.values()},
+        )
+    aux = a["aux_ctx_tensors"]
+    if not isinstance(aux, (list, tuple)) or len(aux) < 2:
+        raise ValueError(
+            "aux_ctx_tensors must contain [softmax_stats, rng_state, (bias)] as returned by fused_attn_fwd; "
+            f"got {type(aux).__name__} of length {len(aux) if isinstance(aux, (list, tuple)) else 'n/a'}"
+        )
+    bias_type = a["attn_bias_type"]
+    needs_bias = str(bias_type).lower() in ("post_scale_bias", "pre_scale_bias") or bias_type in (1, 2)
+    fwd = describe_fwd(
+        is_training=True, max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
+        cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
+        qkv_dtype=a["qkv_dtype"], attn_bias=aux[2] if needs_bias and len(aux) > 2 else None,
+        attn_scale=a["attn_scale"], dropout=a["dropout"], qkv_layout=layout, attn_bias_type=bias_type,
+        attn_mask_type=a["attn_mask_type"], softmax_type=a["softmax_type"], window_size=a["window_size"],
+        bottom_right_diagonal=a["bottom_right_diagonal"],
+    )  # fmt: skip
+    cfg, *_ = describe_bwd(fwd, q=a["q"], o=a["o"], d_o=a["d_o"], aux_ctx_tensors=aux, deterministic=a["deterministic"])
+    _check_no_fp8_args(
+        cfg.dtype, d_scale_qkv=a["d_scale_qkv"], d_scale_s=a["d_scale_s"], d_scale_o=a["d_scale_o"],
+        d_scale_do=a["d_scale_do"], d_scale_dp=a["d_scale_dp"], q_scale_s=a["q_scale_s"],
+        q_scale_dp=a["q_scale_dp"], q_scale_dqkv=a["q_scale_dqkv"], amax_dp=a["amax_dp"], amax_dqkv=a["amax_dqkv"],
+    )  # fmt: skip
+    env = _require_cuda(cfg, a["q"])
+    backend = select(cfg, env, forced, Direction.BWD)
+    prep = _Prepared(
+        cfg=cfg,
+        backend=backend,
+        key=make_key(backend.enum, Direction.BWD, cfg, env.cudnn_version, frontend_version()),
+        out_shape=(),
+        stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
+        device=a["q"].device,
+        rng_increment=0,
+    )
+    _remember(_bwd_memo, sig, prep)
+    return prep
+
+
+# ================================================================================ selection
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which sub-backend serves a configuration and why the others decline."""
+
+    backend: FusedAttnBackend
+    reasons: dict[str, list[str]]  # sub-backend name -> reasons (empty = supported)
+    config: AttnConfig
+    env: RuntimeEnv
+
+    def __str__(self) -> str:
+        lines = [f"{self.config.summary()}", f"on {self.env.describe()}", f"-> {self.backend.name}"]
+        for name, why in self.reasons.items():
+            lines.append(f"  {name}: " + ("supported" if not why else "declined"))
+            lines.extend(f"    - {r}" for r in why)
+        return "\n".join(lines)
+
+
+def explain(
+    is_training: bool,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    qkv_layout: Any,
+    attn_bias_type: Any,
+    attn_mask_type: Any,
+    softmax_type: Any,
+    dropout: float,
+    num_attn_heads: int,
+    num_gqa_groups: int,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    return_max_logit: bool = False,
+    cuda_graph: bool = False,
+    deterministic: bool = False,
+    *,
+    batch_size: int = 1,
+    bias_shape: Optional[Sequence[int]] = None,
+    env: Optional[RuntimeEnv] = None,
+) -> Explanation:
+    """Every sub-backend's reasons for declining a configuration (arguments as
+    :func:`get_fused_attn_backend`). ``env`` defaults to the current GPU; without one, rules
+    that depend on the GPU or cuDNN version are not checked (pass ``runtime.HOPPER_CUDNN_919``
+    to check against the measured Hopper machine)."""
+    if q_dtype != kv_dtype:
+        raise TypeError(f"q_dtype={q_dtype} differs from kv_dtype={kv_dtype}")
+    cfg = describe_shapes(
+        is_training=is_training, dtype=q_dtype, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type,
+        attn_mask_type=attn_mask_type, softmax_type=softmax_type, dropout=dropout, num_attn_heads=num_attn_heads,
+        num_gqa_groups=num_gqa_groups, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+        head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, window_size=(window_size_left, window_size_right),
+        deterministic=deterministic, batch_size=batch_size, bias_shape=bias_shape,
+    )  # fmt: skip
+    env = env or current_env()
+    per_backend = explain_config(cfg, env, Direction.FWD)
+    if return_max_logit:
+        for why in per_backend.values():
+            why.append("return_max_logit is not supported yet")
+    chosen = next((b for b, why in per_backend.items() if not why), FusedAttnBackend.No_Backend)
+    return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env)
+
+
+def get_fused_attn_backend(*args: Any, **kwargs: Any) -> FusedAttnBackend:
+    """The sub-backend that serves a configuration, or ``FusedAttnBackend.No_Backend``.
+
+    Arguments as TransformerEngine's ``get_fused_attn_backend``: ``(is_training, q_dtype,
+    kv_dtype, qkv_layout, attn_bias_type, attn_mask_type, softmax_type, dropout,
+    num_attn_heads, num_gqa_groups, max_seqlen_q, max_seqlen_kv, head_dim_qk, head_dim_v,
+    window_size_left, window_size_right, return_max_logit, cuda_graph, deterministic)``.
+    Use :func:`explain` for the reasons.
+    """
+    return explain(*args, **kwargs).backend

@@ -1,0 +1,208 @@
+"""The in-process plan cache: bounded LRU of built cuDNN plans, safe under threads.
+
+A miss builds the graph outside the cache lock (cuDNN planning takes 0.05-1 s); a second
+thread asking for the same key meanwhile waits for that build instead of starting its own.
+Statistics (hits, misses, builds, build seconds, evictions, per-plan hits and workspace) are
+readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..errors import GraphBuildError
+from .key import PlanKey
+
+__all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache"]
+
+DEFAULT_MAXSIZE = int(os.environ.get("TE_CUDNN_PLAN_CACHE_SIZE", "512"))
+
+
+@dataclass(eq=False)
+class CompiledPlan:
+    """A built cuDNN graph ready to execute, and what is known about it."""
+
+    key: PlanKey
+    graph: Any
+    uids: tuple[int, ...]
+    workspace_size: int
+    plan_name: str
+    build_seconds: float
+    hits: int = 0
+    created: float = field(default_factory=time.time)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "key": self.key.describe(),
+            "plan_name": self.plan_name,
+            "workspace_bytes": self.workspace_size,
+            "build_ms": round(self.build_seconds * 1e3, 3),
+            "hits": self.hits,
+        }
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    entries: int
+    maxsize: int
+    hits: int
+    misses: int
+    builds: int
+    build_failures: int
+    build_seconds: float
+    evictions: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def _heuristics(cudnn) -> list:
+    return [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
+
+
+def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
+    """Build a graph spec into an executable plan, timing it; cuDNN errors -> GraphBuildError."""
+    from ..runtime import cudnn_module
+
+    cudnn = cudnn_module()
+    start = time.perf_counter()
+    spec = make_spec()
+    g = spec.graph
+    steps = (
+        ("validate", g.validate),
+        ("build the operation graph of", g.build_operation_graph),
+        ("create execution plans for", lambda: g.create_execution_plans(_heuristics(cudnn))),
+        ("check support of", g.check_support),
+        ("build plans for", g.build_plans),
+    )
+    for stage, step in steps:
+        try:
+            step()
+        except Exception as exc:  # cudnnGraphNotSupportedError, RuntimeError from the backend, ...
+            raise GraphBuildError(key, stage, exc) from exc
+    workspace = int(g.get_workspace_size())
+    try:
+        plan_name = str(g.get_plan_name_at_index(int(getattr(g, "_plan_index", 0))))
+    except Exception:  # naming is informational only
+        plan_name = "unknown"
+    return CompiledPlan(key, g, spec.uids, workspace, plan_name, time.perf_counter() - start)
+
+
+class PlanCache:
+    """Bounded LRU ``PlanKey -> CompiledPlan``; one per process, shared by all threads."""
+
+    def __init__(self, maxsize: int = DEFAULT_MAXSIZE, builder: Callable[[PlanKey, Callable[[], Any]], CompiledPlan] = build_plan):
+        """``builder(key, make_spec)`` turns a graph spec into a plan (default: cuDNN's
+        validate -> plan -> build pipeline, :func:`build_plan`)."""
+        if maxsize < 1:
+            raise ValueError(f"maxsize={maxsize} must be >= 1")
+        self.maxsize = maxsize
+        self._builder = builder
+        self._entries: "OrderedDict[PlanKey, CompiledPlan]" = OrderedDict()
+        self._building: dict[PlanKey, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._hits = self._misses = self._builds = self._failures = self._evictions = 0
+        self._build_seconds = 0.0
+
+    # ----------------------------------------------------------------- lookups
+    def get(self, key: PlanKey) -> Optional[CompiledPlan]:
+        """The cached plan for ``key`` (counted as a hit), or None (not counted)."""
+        with self._lock:
+            plan = self._entries.get(key)
+            if plan is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+                plan.hits += 1
+            return plan
+
+    def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
+        """The plan for ``key``, building it (once, even under concurrent callers) on a miss."""
+        while True:
+            with self._lock:
+                plan = self._entries.get(key)
+                if plan is not None:
+                    self._entries.move_to_end(key)
+                    self._hits += 1
+                    plan.hits += 1
+                    return plan
+                pending = self._building.get(key)
+                if pending is None:
+                    self._misses += 1
+                    pending = self._building[key] = threading.Event()
+                    owner = True
+                else:
+                    owner = False
+            if not owner:
+                pending.wait()
+                continue  # the owner's build landed (or failed: then this thread tries itself)
+            try:
+                plan = self._builder(key, make_spec)
+            except BaseException:
+                with self._lock:
+                    self._failures += 1
+                    del self._building[key]
+                pending.set()
+                raise
+            with self._lock:
+                self._builds += 1
+                self._build_seconds += plan.build_seconds
+                self._entries[key] = plan
+                while len(self._entries) > self.maxsize:
+                    self._entries.popitem(last=False)
+                    self._evictions += 1
+                del self._building[key]
+            pending.set()
+            return plan
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # ----------------------------------------------------------------- management
+    def clear(self) -> None:
+        """Drop every plan and reset the statistics."""
+        with self._lock:
+            self._entries.clear()
+            self._hits = self._misses = self._builds = self._failures = self._evictions = 0
+            self._build_seconds = 0.0
+
+    def resize(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize={maxsize} must be >= 1")
+        with self._lock:
+            self.maxsize = maxsize
+            while len(self._entries) > maxsize:
+                self._entries.popitem(last=False)
+                self._evictions += 1
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                entries=len(self._entries),
+                maxsize=self.maxsize,
+                hits=self._hits,
+                misses=self._misses,
+                builds=self._builds,
+                build_failures=self._failures,
+                build_seconds=self._build_seconds,
+                evictions=self._evictions,
+            )
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per-plan information, least recently used first (JSON-friendly)."""
+        with self._lock:
+            plans = list(self._entries.values())
+        return [p.info() for p in plans]
+
+
+#: The process-wide cache used by ``fused_attn_fwd`` / ``fused_attn_bwd``.
+plan_cache = PlanCache()

@@ -1,0 +1,59 @@
+"""Plan-cache keys: everything that changes a cuDNN graph, as named fields.
+
+A :class:`PlanKey` holds the sub-backend, the direction, the validated call description
+(:class:`~te_cudnn.config.AttnConfig`: shapes, strides, dtypes, layout, mask, bias shape,
+dropout, window, scale, determinism, device) and the cuDNN / frontend versions. It holds no
+tensor values, no pointers and no runtime sequence lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..backends.base import Direction
+from ..config import AttnConfig
+from ..enums import FusedAttnBackend
+
+__all__ = ["PlanKey", "make_key"]
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    backend: FusedAttnBackend
+    direction: Direction
+    config: AttnConfig
+    cudnn_version: int
+    frontend_version: str
+
+    def describe(self) -> dict[str, Any]:
+        """A flat, JSON-friendly view (enums and dtypes as names) for tools and logs."""
+        out: dict[str, Any] = {
+            "backend": self.backend.name,
+            "direction": self.direction.value,
+            "cudnn_version": self.cudnn_version,
+            "frontend_version": self.frontend_version,
+        }
+        for f in fields(self.config):
+            value = getattr(self.config, f.name)
+            if hasattr(value, "name") and not isinstance(value, (tuple, str)):
+                value = value.name
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif not isinstance(value, (int, float, str, bool, type(None))):
+                value = str(value).removeprefix("torch.")
+            out[f.name] = value
+        return out
+
+    def __str__(self) -> str:
+        c = self.config
+        return f"PlanKey({self.backend.name} {self.direction.value}: {c.summary()}, cuda:{c.device})"
+
+
+def make_key(backend: FusedAttnBackend, direction: Direction, cfg: AttnConfig, cudnn_version: int, frontend_version: str) -> PlanKey:
+    """Normalise fields that do not change the graph for this direction, then key."""
+    if direction == Direction.FWD:
+        cfg = replace(cfg, deterministic=False, do_stride=None)
+    else:
+        cfg = replace(cfg, is_training=True)
+    return PlanKey(backend, direction, cfg, cudnn_version, frontend_version)
