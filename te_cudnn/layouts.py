@@ -23,6 +23,7 @@ from .enums import QKVFormat, QKVLayout, QKVLayoutGroup
 
 __all__ = [
     "LayoutInfo",
+    "TO_BHSD",
     "layout_info",
     "DENSE_LAYOUTS",
     "CORE_LAYOUTS",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 # Permutation from a 4-d tensor in the given format to logical BHSD.
-_TO_BHSD = {
+TO_BHSD = {
     QKVFormat.sbhd: (1, 2, 0, 3),
     QKVFormat.bshd: (0, 2, 1, 3),
     QKVFormat.bhsd: (0, 1, 2, 3),
@@ -112,7 +113,7 @@ def layout_info(layout: QKVLayout) -> LayoutInfo:
 
 def bhsd_dims(fmt: QKVFormat, shape: Sequence[int], stride: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Dims and strides of a 4-d ``fmt`` tensor, reordered to logical BHSD (no copy)."""
-    perm = _TO_BHSD[fmt]
+    perm = TO_BHSD[fmt]
     return tuple(shape[i] for i in perm), tuple(stride[i] for i in perm)
 
 
@@ -122,12 +123,13 @@ def layout_strides(
     """BHSD element strides of q, k, v and o for a layout, as TransformerEngine derives them.
 
     This is TE's ``generateMatrixStrides`` table (K/V use hg heads; O is contiguous in q's
-    format). Dense layouts only. Used to allocate results and to check that views of packed
-    buffers are what cuDNN expects.
+    format) for the 15 core layouts; THD layouts share the bshd rows (their batch stride is
+    a placeholder: ragged offsets address the tokens). Used to allocate results and to check
+    that views of packed buffers are what cuDNN expects.
     """
     info = _INFOS[layout]
-    if not info.is_dense:
-        raise ValueError(f"layout_strides covers the dense sbhd/bshd layouts, not {layout.name}")
+    if layout not in CORE_LAYOUTS:
+        raise ValueError(f"layout_strides covers the 15 core layouts, not {layout.name}")
     sb = info.q_format == QKVFormat.sbhd
     g = info.group
 

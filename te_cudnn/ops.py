@@ -29,8 +29,9 @@ from .enums import (
     QKVLayout,
 )
 from .errors import UnsupportedConfigError
-from .layouts import alloc_qkv_grads, layout_info
+from .layouts import TO_BHSD, alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
+from .plans.handles import current_raw_stream as _current_raw_stream
 from .runtime import RuntimeEnv, current_env, frontend_version
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation"]
@@ -38,7 +39,7 @@ __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explai
 _MEMO_LIMIT = 4096  # distinct call signatures remembered (each entry is a few hundred bytes)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Prepared:
     """Everything a repeated call needs, computed once per call signature."""
 
@@ -49,6 +50,16 @@ class _Prepared:
     stats_shape: tuple[int, ...]
     device: torch.device
     rng_increment: int
+    to_bhsd: tuple[int, ...]  # permutation from the layout's format to cuDNN's BHSD view
+    plan: Optional[CompiledPlan] = None
+
+    def get_plan(self) -> CompiledPlan:
+        """The cached plan: a hit when still cached, a lookup or build after eviction."""
+        plan = self.plan
+        if plan is None or not plan_cache.hit(plan):
+            backend, cfg, device = self.backend, self.cfg, self.device.index
+            plan = self.plan = plan_cache.get_or_build(self.key, lambda: backend.build(cfg, self.key.direction, handle_for(device)))
+        return plan
 
 
 _fwd_memo: dict[tuple, _Prepared] = {}
@@ -111,10 +122,31 @@ def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Ten
     return torch.tensor([seed, offset], dtype=torch.int64).to(prep.device, non_blocking=True)
 
 
-def _execute(plan: CompiledPlan, buffers: dict[int, int], device: torch.device) -> None:
-    workspace = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=device)
-    handle = handle_for(device.index)
-    plan.graph.execute([buffers[u] for u in plan.uids], workspace, handle=handle, tensor_uids=plan.uids)
+def _seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, 1, 1, 1] views of rng_state[0] (seed) and rng_state[1] (offset), as the graph declares."""
+    return rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 0), rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 1)
+
+
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_is_capturing = torch.cuda.is_current_stream_capturing
+
+
+def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Scratch memory for one execute. Outside CUDA-graph capture, one buffer per (device,
+    stream) is reused (grown when needed): work on one stream runs in order, so it is never
+    shared by two kernels at once. During capture a fresh buffer from the graph's pool is
+    used, so captured graphs never point at a buffer that is later replaced."""
+    if _is_capturing():
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    slot = (device.index, _current_raw_stream(device.index))
+    ws = _workspaces.get(slot)
+    if ws is None or ws.numel() < nbytes:
+        ws = _workspaces[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    return ws
+
+
+def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device) -> None:
+    plan.graph.execute(buffers, _workspace(plan.workspace_size, device), handle=handle_for(device.index), tensor_uids=plan.uids)
 
 
 # ================================================================================ forward
@@ -197,20 +229,17 @@ def fused_attn_fwd(
     prep = _fwd_memo.get(sig)
     if prep is None:
         prep = _prepare_fwd(sig, locals())
-        plan = plan_cache.get_or_build(prep.key, lambda: prep.backend.build_fwd(prep.cfg, handle_for(prep.device.index)))
-    else:
-        plan = plan_cache.get(prep.key) or plan_cache.get_or_build(
-            prep.key, lambda: prep.backend.build_fwd(prep.cfg, handle_for(prep.device.index))
-        )
+    plan = prep.get_plan()
+    perm = prep.to_bhsd
     out = torch.empty(prep.out_shape, dtype=q.dtype, device=prep.device)
     stats = torch.empty(prep.stats_shape, dtype=torch.float32, device=prep.device)
     rng_state = _rng_state(prep, rng_gen)
-    buffers = {Uid.Q: q.data_ptr(), Uid.K: k.data_ptr(), Uid.V: v.data_ptr(), Uid.O: out.data_ptr(), Uid.STATS: stats.data_ptr()}
+    # Same order as the builder's uids: q, k, v, o, stats, (bias), (seed, offset)
+    buffers = [q.permute(perm), k.permute(perm), v.permute(perm), out.permute(perm), stats]
     if attn_bias is not None:
-        buffers[Uid.BIAS] = attn_bias.data_ptr()
+        buffers.append(attn_bias)
     if prep.rng_increment:
-        ptr = rng_state.data_ptr()
-        buffers[Uid.SEED], buffers[Uid.OFFSET] = ptr, ptr + 8
+        buffers.extend(_seed_offset(rng_state))
     _execute(plan, buffers, prep.device)
     aux = [stats, rng_state]
     if attn_bias is not None:
@@ -251,6 +280,7 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
         device=a["q"].device,
         rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
+        to_bhsd=TO_BHSD[layout_info(layout).q_format],
     )
     _remember(_fwd_memo, sig, prep)
     return prep
@@ -330,26 +360,23 @@ def fused_attn_bwd(
     prep = _bwd_memo.get(sig)
     if prep is None:
         prep = _prepare_bwd(sig, locals())
-    plan = plan_cache.get(prep.key) or plan_cache.get_or_build(
-        prep.key, lambda: prep.backend.build_bwd(prep.cfg, handle_for(prep.device.index))
-    )
-    cfg = prep.cfg
+    plan = prep.get_plan()
+    cfg, perm = prep.cfg, prep.to_bhsd
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v)
-    stats, rng_state = aux_ctx_tensors[0], aux_ctx_tensors[1]
-    buffers = {
-        Uid.Q: q.data_ptr(), Uid.K: k.data_ptr(), Uid.V: v.data_ptr(), Uid.O: o.data_ptr(), Uid.DO: d_o.data_ptr(),
-        Uid.STATS: stats.data_ptr(), Uid.DQ: dq.data_ptr(), Uid.DK: dk.data_ptr(), Uid.DV: dv.data_ptr(),
-    }  # fmt: skip
+    # Same order as the builder's uids: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
+    buffers = [
+        q.permute(perm), k.permute(perm), v.permute(perm), o.permute(perm), aux_ctx_tensors[0], d_o.permute(perm),
+        dq.permute(perm), dk.permute(perm), dv.permute(perm),
+    ]  # fmt: skip
     dbias = None
     if cfg.bias_type == AttnBiasType.post_scale_bias:
         bias = aux_ctx_tensors[2]
-        buffers[Uid.BIAS] = bias.data_ptr()
+        buffers.append(bias)
         if cfg.has_dbias:
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=prep.device)
-            buffers[Uid.DBIAS] = dbias.data_ptr()
+            buffers.append(dbias)
     if cfg.has_dropout:
-        ptr = rng_state.data_ptr()
-        buffers[Uid.SEED], buffers[Uid.OFFSET] = ptr, ptr + 8
+        buffers.extend(_seed_offset(aux_ctx_tensors[1]))
     _execute(plan, buffers, prep.device)
     return [dq, dk, dv, dbias]
 
@@ -394,6 +421,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
         device=a["q"].device,
         rng_increment=0,
+        to_bhsd=TO_BHSD[layout_info(layout).q_format],
     )
     _remember(_bwd_memo, sig, prep)
     return prep

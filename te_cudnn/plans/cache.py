@@ -35,6 +35,7 @@ class CompiledPlan:
     build_seconds: float
     hits: int = 0
     created: float = field(default_factory=time.time)
+    evicted: bool = False  # set when the cache drops it; holders then look it up again
 
     def info(self) -> dict[str, Any]:
         return {
@@ -120,6 +121,16 @@ class PlanCache:
                 plan.hits += 1
             return plan
 
+    def hit(self, plan: CompiledPlan) -> bool:
+        """Count a hit on a plan the caller already holds; False if it was evicted."""
+        with self._lock:
+            if plan.evicted:
+                return False
+            self._entries.move_to_end(plan.key)
+            self._hits += 1
+            plan.hits += 1
+            return True
+
     def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
         """The plan for ``key``, building it (once, even under concurrent callers) on a miss."""
         while True:
@@ -152,9 +163,7 @@ class PlanCache:
                 self._builds += 1
                 self._build_seconds += plan.build_seconds
                 self._entries[key] = plan
-                while len(self._entries) > self.maxsize:
-                    self._entries.popitem(last=False)
-                    self._evictions += 1
+                self._evict_to(self.maxsize)
                 del self._building[key]
             pending.set()
             return plan
@@ -171,7 +180,7 @@ class PlanCache:
     def clear(self) -> None:
         """Drop every plan and reset the statistics."""
         with self._lock:
-            self._entries.clear()
+            self._evict_to(0)
             self._hits = self._misses = self._builds = self._failures = self._evictions = 0
             self._build_seconds = 0.0
 
@@ -180,9 +189,13 @@ class PlanCache:
             raise ValueError(f"maxsize={maxsize} must be >= 1")
         with self._lock:
             self.maxsize = maxsize
-            while len(self._entries) > maxsize:
-                self._entries.popitem(last=False)
-                self._evictions += 1
+            self._evict_to(maxsize)
+
+    def _evict_to(self, size: int) -> None:
+        while len(self._entries) > size:
+            _, plan = self._entries.popitem(last=False)
+            plan.evicted = True
+            self._evictions += 1
 
     def stats(self) -> CacheStats:
         with self._lock:

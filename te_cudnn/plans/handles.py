@@ -12,14 +12,14 @@ import torch
 
 from ..runtime import cudnn_module
 
-__all__ = ["handle_for"]
+__all__ = ["handle_for", "current_raw_stream"]
 
 _local = threading.local()
 
 try:  # the raw current stream, without building a torch.cuda.Stream object (~1 us saved)
-    _current_raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover - older torch
-    def _current_raw_stream(device: int) -> int:
+    current_raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    def current_raw_stream(device: int) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -37,7 +37,7 @@ def handle_for(device: int):
     handle = handles.get(device)
     if handle is None:
         handle = handles[device] = _create(device)
-    stream = _current_raw_stream(device)
+    stream = current_raw_stream(device)
     if handle.stream != stream:  # cudnn.set_stream skips unchanged streams too; this skips the call
         cudnn_module().set_stream(handle, stream)
     return handle

@@ -26,6 +26,13 @@ class PlanKey:
     cudnn_version: int
     frontend_version: str
 
+    def __post_init__(self) -> None:
+        # Hashing ~30 nested fields costs microseconds; the hot path hashes a key per call.
+        object.__setattr__(self, "_hash", hash((self.backend, self.direction, self.config, self.cudnn_version, self.frontend_version)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
     def describe(self) -> dict[str, Any]:
         """A flat, JSON-friendly view (enums and dtypes as names) for tools and logs."""
         out: dict[str, Any] = {
