@@ -1,0 +1,134 @@
+"""Tools to check fused attention against the fp32 reference: tolerances, inputs, comparison.
+
+Tolerances are data. A fused result passes when its error against the fp32 reference is
+at most ``factor`` times the error a same-precision PyTorch computation (the reference run
+in fp16/bf16) makes, plus a small ``floor`` (flash-attention's "no worse than 2x PyTorch"
+rule); ``ceiling`` is an absolute bound no result may exceed, whatever PyTorch does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .enums import QKVFormat, QKVLayout, QKVLayoutGroup
+from .layouts import TO_BHSD, layout_info
+
+__all__ = ["Tolerance", "TOLERANCES", "BenchConfig", "BENCHMARK_CONFIGS", "rel_error", "check_close", "make_qkv", "to_bhsd"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A TransformerEngine attention benchmark configuration (benchmark_attention.py)."""
+
+    name: str
+    b: int
+    h: int
+    hg: int
+    d: int
+    sq: int
+    skv: int
+    mask: str
+    bias: str = "no_bias"
+
+    @property
+    def bias_shape(self) -> Optional[tuple[int, int, int, int]]:
+        return (1, self.h, self.sq, self.skv) if self.bias == "post_scale_bias" else None
+
+    def flops(self) -> tuple[float, float]:
+        """Forward and backward matmul FLOPs, counting only unmasked scores."""
+        pairs = self.sq * self.skv / (2 if "causal" in self.mask else 1)
+        base = 2 * self.b * self.h * pairs
+        return base * 2 * self.d, base * 5 * self.d
+
+
+#: bf16, layout bshd_bshd_bshd, training (TE's benchmarks/attention/benchmark_attention.py).
+BENCHMARK_CONFIGS: dict[str, BenchConfig] = {
+    c.name: c
+    for c in (
+        BenchConfig("test_0", 2, 16, 16, 64, 512, 512, "no_mask"),
+        BenchConfig("test_1", 2, 16, 16, 128, 2048, 2048, "causal"),
+        BenchConfig("test_2", 2, 16, 16, 128, 2048, 2048, "causal", "post_scale_bias"),
+        BenchConfig("test_3", 2, 32, 4, 128, 8192, 8192, "causal"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    factor: float  # allowed multiple of the same-precision PyTorch error
+    floor: float  # added slack (relative Frobenius error)
+    ceiling: float  # hard bound on the relative Frobenius error
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float16: Tolerance(factor=2.0, floor=2e-4, ceiling=5e-3),
+    torch.bfloat16: Tolerance(factor=2.0, floor=1e-3, ceiling=2e-2),
+}
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / ‖expected‖ in fp64 (NaN or Inf in ``actual`` gives inf)."""
+    a, e = actual.double(), expected.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return float((a - e).norm() / e.norm().clamp_min(1e-30))
+
+
+def check_close(name: str, actual: torch.Tensor, expected: torch.Tensor, same_precision: torch.Tensor, dtype: torch.dtype) -> float:
+    """Assert ``actual`` is within tolerance of ``expected``; returns its relative error."""
+    tol = TOLERANCES[dtype]
+    err = rel_error(actual, expected)
+    torch_err = rel_error(same_precision, expected)
+    bound = min(tol.factor * torch_err + tol.floor, tol.ceiling)
+    assert err <= bound, (
+        f"{name}: relative error {err:.3e} exceeds {bound:.3e} "
+        f"(same-precision PyTorch: {torch_err:.3e}; tolerance {tol})"
+    )
+    return err
+
+
+def to_bhsd(t: torch.Tensor, layout: QKVLayout) -> torch.Tensor:
+    """A view of a tensor in the layout's q/kv format as logical [b, h, s, d]."""
+    return t.permute(TO_BHSD[layout_info(layout).q_format])
+
+
+def make_qkv(
+    layout: QKVLayout,
+    b: int,
+    h: int,
+    hg: int,
+    sq: int,
+    skv: int,
+    d_qk: int,
+    d_v: Optional[int] = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+    generator: Optional[torch.Generator] = None,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random q, k, v laid out as ``layout`` names them (views of one buffer where it packs)."""
+    d_v = d_qk if d_v is None else d_v
+    info = layout_info(layout)
+    sb = info.q_format == QKVFormat.sbhd
+
+    def rand(s: int, *rest: int) -> torch.Tensor:
+        shape: Sequence[int] = (s, b, *rest) if sb else (b, s, *rest)
+        return (torch.randn(*shape, generator=generator, dtype=torch.float32, device=device) * scale).to(dtype)
+
+    g = info.group
+    if g == QKVLayoutGroup.L_3HD:
+        return tuple(rand(sq, 3, h, d_qk).unbind(-3))  # type: ignore[return-value]
+    if g == QKVLayoutGroup.L_H3D:
+        return tuple(rand(sq, h, 3, d_qk).unbind(-2))  # type: ignore[return-value]
+    q = rand(sq, h, d_qk)
+    if g == QKVLayoutGroup.L_HD_2HD:
+        k, v = rand(skv, 2, hg, d_qk).unbind(-3)
+    elif g == QKVLayoutGroup.L_HD_H2D:
+        k, v = rand(skv, hg, 2, d_qk).unbind(-2)
+    else:
+        k, v = rand(skv, hg, d_qk), rand(skv, hg, d_v)
+    return q, k, v

@@ -1,0 +1,326 @@
+"""GPU suite: te_cudnn's F16 arbitrary-seqlen fused attention against the fp32 reference.
+
+Every case runs forward and backward through ``fused_attn_fwd`` / ``fused_attn_bwd`` and
+compares O, the softmax stats and dQ/dK/dV (and dBias) with ``te_cudnn.reference`` in fp32.
+The bar is the error a same-precision PyTorch computation makes (``te_cudnn.testing``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+import torch
+
+import te_cudnn as tc
+from te_cudnn.backends import REGISTRY
+from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVLayout
+from te_cudnn.layouts import layout_info
+from te_cudnn.reference import attention_reference
+from te_cudnn.testing import check_close, make_qkv, rel_error, to_bhsd
+
+pytestmark = pytest.mark.gpu
+CAPS = REGISTRY[0].caps
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _cu(b: int, s: int) -> torch.Tensor:
+    return torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+
+
+def run_and_check(
+    layout, mask, dtype, b, h, hg, sq, skv, d_qk, d_v=None, *, bias_type="no_bias", bias_shape=None,
+    window=(-1, -1), bottom_right_diagonal=None, seed=0, deterministic=False,
+):  # fmt: skip
+    """Forward + backward through te_cudnn, checked against the fp32 reference."""
+    layout = QKVLayout.coerce(layout)
+    d_v = d_qk if d_v is None else d_v
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = make_qkv(layout, b, h, hg, sq, skv, d_qk, d_v, dtype=dtype, generator=gen)
+    bias = None
+    if bias_type == "post_scale_bias":
+        bias = torch.randn(bias_shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+    kw = dict(
+        qkv_layout=layout.name, attn_mask_type=mask, attn_bias_type=bias_type, window_size=window,
+        bottom_right_diagonal=bottom_right_diagonal,
+    )  # fmt: skip
+    out, aux = tc.fused_attn_fwd(True, sq, skv, _cu(b, sq), _cu(b, skv), q, k, v, dtype, None, attn_bias=bias, **kw)
+    assert out.shape == (*q.shape[:-1], d_v) and out.dtype == dtype
+    d_o = (torch.randn(out.shape, generator=gen, device="cuda") * 0.5).to(dtype)
+    dq, dk, dv, dbias = tc.fused_attn_bwd(
+        sq, skv, _cu(b, sq), _cu(b, skv), q, k, v, out, d_o, dtype, aux, None, deterministic=deterministic, **kw
+    )
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+    inputs = [to_bhsd(t, layout) for t in (q, k, v)] + ([bias] if bias is not None else [])
+    ref_kw = dict(
+        attn_mask_type=mask, attn_bias_type=bias_type, window_size=window, bottom_right_diagonal=bottom_right_diagonal
+    )
+    results = {}
+    for compute in (torch.float32, dtype):  # the fp32 truth, then same-precision PyTorch
+        leaves = [t.detach().to(compute).requires_grad_() for t in inputs]
+        ref = attention_reference(*leaves[:3], attn_bias=leaves[3] if bias is not None else None, compute_dtype=compute, **ref_kw)
+        grads = torch.autograd.grad(ref.out, leaves, to_bhsd(d_o, layout).to(compute))
+        results[compute] = (ref, grads)
+    (ref32, g32), (reflp, glp) = results[torch.float32], results[dtype]
+    errors = {
+        "o": check_close("O", to_bhsd(out, layout), ref32.out, reflp.out, dtype),
+        "dq": check_close("dQ", to_bhsd(dq, layout), g32[0], glp[0], dtype),
+        "dk": check_close("dK", to_bhsd(dk, layout), g32[1], glp[1], dtype),
+        "dv": check_close("dV", to_bhsd(dv, layout), g32[2], glp[2], dtype),
+    }
+    finite = torch.isfinite(ref32.lse)
+    assert rel_error(aux[0][finite], ref32.lse[finite]) < 1e-4, "softmax stats (logsumexp) differ from the reference"
+    if bias is not None:
+        if bias.shape[:3] != (1, 1, 1):
+            assert dbias is not None and dbias.shape == bias.shape
+            errors["dbias"] = check_close("dBias", dbias, g32[3], glp[3], dtype)
+    else:
+        assert dbias is None
+    return errors, (q, k, v, out, aux, dq, dk, dv)
+
+
+# ------------------------------------------------------------------ the main matrix
+def _matrix():
+    masks = [m for m in (AttnMaskType.no_mask, AttnMaskType.causal, AttnMaskType.causal_bottom_right) if m in CAPS.masks]
+    for layout, mask, dtype, gqa in itertools.product(sorted(CAPS.layouts), masks, DTYPES, (False, True)):
+        packs_qkv = layout_info(layout).packs_qkv
+        if gqa and packs_qkv:
+            continue  # one packed buffer holds as many k/v heads as q heads
+        yield pytest.param(
+            layout, mask, dtype, gqa,
+            id=f"{layout.name}-{mask.name}-{str(dtype)[6:]}-{'gqa' if gqa else 'mha'}",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,mask,dtype,gqa", list(_matrix()))
+def test_layout_mask_dtype_matrix(layout, mask, dtype, gqa):
+    # bottom-right gets sq < skv where the layout allows distinct lengths (else it equals top-left)
+    cross = mask == AttnMaskType.causal_bottom_right and not layout_info(layout).packs_qkv
+    sq, skv = (96, 160) if cross else (128, 128)
+    run_and_check(layout, mask, dtype, b=2, h=4, hg=2 if gqa else 4, sq=sq, skv=skv, d_qk=64)
+
+
+# ------------------------------------------------------------------ bias, alibi, window, head dims
+@pytest.mark.parametrize("shape_name", ["1hss", "11ss", "b1ss", "bhss"])
+@pytest.mark.parametrize("mask", ["no_mask", "causal"])
+def test_post_scale_bias_and_dbias(shape_name, mask):
+    b, h, s = 2, 4, 128
+    shape = {"1hss": (1, h, s, s), "11ss": (1, 1, s, s), "b1ss": (b, 1, s, s), "bhss": (b, h, s, s)}[shape_name]
+    errors, _ = run_and_check("bshd_bshd_bshd", mask, torch.bfloat16, b, h, h, s, s, 64, bias_type="post_scale_bias", bias_shape=shape)
+    assert "dbias" in errors
+
+
+@pytest.mark.parametrize("layout", ["bshd_bshd_bshd", "sb3hd"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_alibi(layout, dtype):
+    run_and_check(layout, "causal", dtype, 2, 8, 8, 128, 128, 64, bias_type="alibi")
+
+
+@pytest.mark.parametrize(
+    "mask,window,sq,skv,gqa",
+    [
+        ("causal", (16, 0), 128, 128, False),
+        ("no_mask", (8, 8), 128, 128, True),
+        ("no_mask", (32, 0), 128, 128, False),
+        ("causal_bottom_right", (16, 0), 64, 128, False),
+        ("no_mask", (4, 12), 96, 160, True),
+    ],
+    ids=["causal-16-0", "nomask-8-8-gqa", "nomask-32-0", "causalbr-16-0-cross", "nomask-4-12-cross-gqa"],
+)
+def test_sliding_window(mask, window, sq, skv, gqa):
+    br = True if sq != skv else None
+    run_and_check("bshd_bshd_bshd", mask, torch.bfloat16, 2, 4, 2 if gqa else 4, sq, skv, 64, window=window, bottom_right_diagonal=br)
+
+
+@pytest.mark.parametrize("d_qk,d_v", [(32, 32), (128, 128), (256, 256), (192, 128), (128, 64)])
+def test_head_dims(d_qk, d_v):
+    run_and_check("bshd_bshd_bshd", "causal", torch.bfloat16, 2, 4, 4, 128, 128, d_qk, d_v)
+
+
+# ------------------------------------------------------------------ dropout
+def _dropout_probe(p, gen_seed, b=2, h=4, s=64):
+    """With q = 0 every key gets weight 1/s; with v = I the output reveals the keep mask."""
+    q = torch.zeros(b, s, h, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, h, 64, device="cuda", dtype=torch.bfloat16)
+    eye = torch.eye(s, 64, device="cuda", dtype=torch.bfloat16)
+    v = eye.view(1, s, 1, 64).expand(b, s, h, 64).contiguous()
+    gen = torch.Generator(device="cuda").manual_seed(gen_seed)
+    out, aux = tc.fused_attn_fwd(True, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, dropout=p,
+                                 qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask", rng_gen=gen)  # fmt: skip
+    keep = to_bhsd(out, QKVLayout.bshd_bshd_bshd) > 0  # [b, h, i, j]: key j kept for query i
+    return out, aux, keep, gen
+
+
+def test_dropout_keep_rate_and_scale():
+    p = 0.2
+    out, aux, keep, gen = _dropout_probe(p, 123)
+    rate = keep.float().mean().item()
+    n = keep.numel()
+    assert abs(rate - (1 - p)) < 5 * ((p * (1 - p) / n) ** 0.5), f"keep rate {rate} for dropout {p}"
+    kept = to_bhsd(out, QKVLayout.bshd_bshd_bshd)[keep].float()
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / ((1 - p) * 64)), rtol=1e-2, atol=0)
+    seed, offset = aux[1].tolist()
+    assert offset == 0 and seed == 123
+    assert gen.get_offset() == 16, "the generator advances by 16 per call, as TransformerEngine does"
+
+
+def test_dropout_reproducible_and_backward_replays_mask():
+    p = 0.25
+    _, aux1, keep1, _ = _dropout_probe(p, 7)
+    _, aux2, keep2, _ = _dropout_probe(p, 7)
+    _, _, keep3, _ = _dropout_probe(p, 8)
+    assert torch.equal(aux1[1], aux2[1]) and torch.equal(keep1, keep2), "same rng_state must give the same mask"
+    assert not torch.equal(keep1, keep3), "a different seed must give a different mask"
+
+    # Random data with the same Philox state: O and all gradients match the reference that
+    # applies the recovered mask, so the backward replays the forward's mask.
+    b, h, s = 2, 4, 64
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(b, s, h, 64, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask", dropout=p)
+    out, aux = tc.fused_attn_fwd(True, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, rng_gen=gen, **kw)
+    d_o = torch.randn(out.shape, generator=g, device="cuda").to(torch.bfloat16)
+    dq, dk, dv, _ = tc.fused_attn_bwd(s, s, _cu(b, s), _cu(b, s), q, k, v, out, d_o, q.dtype, aux, None, **kw)
+    layout = QKVLayout.bshd_bshd_bshd
+    results = {}
+    for compute in (torch.float32, torch.bfloat16):
+        leaves = [to_bhsd(t, layout).to(compute).requires_grad_() for t in (q, k, v)]
+        ref = attention_reference(*leaves, dropout_p=p, dropout_keep_mask=keep1, compute_dtype=compute)
+        results[compute] = (ref.out, torch.autograd.grad(ref.out, leaves, to_bhsd(d_o, layout).to(compute)))
+    (o32, g32), (olp, glp) = results[torch.float32], results[torch.bfloat16]
+    check_close("O (dropout)", to_bhsd(out, layout), o32, olp, torch.bfloat16)
+    for name, got, want, lp in zip(("dQ", "dK", "dV"), (dq, dk, dv), g32, glp):
+        check_close(f"{name} (dropout)", to_bhsd(got, layout), want, lp, torch.bfloat16)
+
+
+# ------------------------------------------------------------------ determinism, cache, streams
+def test_deterministic_backward_is_bit_identical():
+    b, h, s = 2, 8, 512
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64, generator=g)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
+    out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    d_o = torch.randn(out.shape, generator=g, device="cuda").to(q.dtype)
+    runs = [tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw) for _ in range(3)]
+    for later in runs[1:]:
+        for a, b_ in zip(runs[0][:3], later[:3]):
+            assert torch.equal(a, b_), "deterministic backward must be bit-identical across runs"
+    out2, _ = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    assert torch.equal(out, out2), "the forward is deterministic"
+
+
+def test_plan_cache_hits_on_repeat_calls():
+    b, h, s = 1, 2, 192
+    q, k, v = make_qkv(QKVLayout.sbhd_sbhd_sbhd, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="causal")
+    tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    before = tc.plan_cache.stats()
+    for _ in range(5):
+        tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    after = tc.plan_cache.stats()
+    assert after.hits - before.hits == 5 and after.builds == before.builds and after.misses == before.misses
+    # New tensors of the same shape hit too: values are not part of the key.
+    q2, k2, v2 = make_qkv(QKVLayout.sbhd_sbhd_sbhd, b, h, h, s, s, 64)
+    tc.fused_attn_fwd(False, s, s, cu, cu, q2, k2, v2, q.dtype, None, **kw)
+    assert tc.plan_cache.stats().builds == before.builds
+    # A plan describes itself for the inspection tool.
+    info = [p for p in tc.plan_cache.snapshot() if p["key"]["sq"] == s and p["key"]["layout"] == "sbhd_sbhd_sbhd"]
+    assert info and info[0]["hits"] >= 6 and info[0]["plan_name"] and info[0]["build_ms"] > 0
+
+
+def test_inference_and_training_forward_agree():
+    b, h, s = 2, 4, 128
+    q, k, v = make_qkv(QKVLayout.bs3hd, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="bs3hd", attn_mask_type="causal")
+    o_train, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    o_inf, aux_inf = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    assert torch.equal(o_train, o_inf) and torch.equal(aux[0], aux_inf[0])
+
+
+def test_runs_on_the_callers_stream_and_threads():
+    b, h, s = 2, 4, 256
+    q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
+    expected, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q2 = q * 1  # produced on the side stream right before the call
+        got, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q2, k, v, q.dtype, None, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, expected)
+
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                o, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+                torch.cuda.current_stream().synchronize()
+                results[i] = o
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(torch.equal(o, expected) for o in results.values()) and len(results) == 4
+
+
+def test_cuda_graph_capture_replays():
+    b, h, s = 2, 4, 128
+    q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
+    expected, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)  # builds the plan
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)  # warm up on the capture stream
+        with torch.cuda.graph(graph, stream=side):
+            captured, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    q.copy_(torch.randn_like(q))
+    fresh, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, fresh) and not torch.equal(fresh, expected)
+
+
+def test_autograd_function_matches_reference():
+    b, h, hg, s = 2, 8, 2, 128
+    layout = QKVLayout.bshd_bshd_bshd
+    q, k, v = (t.detach().requires_grad_() for t in make_qkv(layout, b, h, hg, s, s, 64, dtype=torch.float16))
+    out = tc.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
+    grad = torch.randn_like(out)
+    out.backward(grad.transpose(1, 2).contiguous().transpose(1, 2))  # a non-contiguous incoming gradient
+    leaves = [to_bhsd(t.detach(), layout).float().requires_grad_() for t in (q, k, v)]
+    ref = attention_reference(*leaves, attn_mask_type="causal")
+    g32 = torch.autograd.grad(ref.out, leaves, to_bhsd(grad, layout).float())
+    lp_leaves = [to_bhsd(t.detach(), layout).requires_grad_() for t in (q, k, v)]
+    lp = attention_reference(*lp_leaves, attn_mask_type="causal", compute_dtype=torch.float16)
+    glp = torch.autograd.grad(lp.out, lp_leaves, to_bhsd(grad, layout))
+    check_close("O", to_bhsd(out.detach(), layout), ref.out, lp.out, torch.float16)
+    for name, t, want, low in zip("qkv", (q, k, v), g32, glp):
+        check_close(f"d{name}", to_bhsd(t.grad, layout), want, low, torch.float16)
+
+
+def test_forced_backend_that_declines_raises():
+    b, h, s = 2, 4, 128
+    q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
+    with pytest.raises(tc.UnsupportedConfigError, match="F16_max512_seqlen"):
+        tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, "F16_max512_seqlen",
+                          qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
+    with pytest.raises(tc.UnsupportedConfigError, match="padding masks arrive"):
+        tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd")

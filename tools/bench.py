@@ -1,0 +1,265 @@
+"""Side-by-side timing on one GPU, in one run: te_cudnn vs the same cuDNN graph built by hand
+vs torch SDPA's cuDNN backend, on TransformerEngine's benchmark configurations; then host
+microseconds per cached call.
+
+    python tools/bench.py [--configs test_0,test_1,test_3] [--json out.json]
+
+Device time: forward+backward captured in a CUDA graph and replayed (no host gaps), CUDA
+events around each replay, warm-up first, median of the repeats. Eager time (events around
+eager calls, host overhead included) is reported beside it. Host time: perf_counter over many
+back-to-back cached calls on a tiny problem, where the host, not the GPU, is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import te_cudnn as tc
+from te_cudnn.plans import handle_for
+from te_cudnn.runtime import cudnn_module, current_env
+from te_cudnn.testing import BENCHMARK_CONFIGS, BenchConfig, make_qkv, to_bhsd
+
+LAYOUT = tc.QKVLayout.bshd_bshd_bshd
+
+
+def median_ms(fn, iters=30, warmup=5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def graphed(fn):
+    """Capture ``fn`` (after a warm-up on the capture stream) and return a replay callable."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+# ------------------------------------------------------------------ the three contenders
+class TeCudnn:
+    name = "te_cudnn"
+
+    def __init__(self, cfg: BenchConfig, q, k, v, bias, d_o):
+        self.cfg, self.q, self.k, self.v, self.bias, self.d_o = cfg, q, k, v, bias, d_o
+        self.cu_q = torch.arange(0, (cfg.b + 1) * cfg.sq, cfg.sq, dtype=torch.int32, device="cuda")
+        self.cu_kv = torch.arange(0, (cfg.b + 1) * cfg.skv, cfg.skv, dtype=torch.int32, device="cuda")
+        self.kw = dict(qkv_layout=LAYOUT.name, attn_mask_type=cfg.mask, attn_bias_type=cfg.bias)
+
+    def fwd_bwd(self):
+        c = self.cfg
+        out, aux = tc.fused_attn_fwd(True, c.sq, c.skv, self.cu_q, self.cu_kv, self.q, self.k, self.v, self.q.dtype, None,
+                                     attn_bias=self.bias, **self.kw)  # fmt: skip
+        return tc.fused_attn_bwd(c.sq, c.skv, self.cu_q, self.cu_kv, self.q, self.k, self.v, out, self.d_o, self.q.dtype,
+                                 aux, None, **self.kw)  # fmt: skip
+
+
+class HandBuilt:
+    """The same cuDNN SDPA graphs written directly against the frontend (no te_cudnn code)."""
+
+    name = "hand-built graph"
+
+    def __init__(self, cfg: BenchConfig, q, k, v, bias, d_o):
+        cudnn = cudnn_module()
+        self.handle = cudnn.create_handle()
+        BF, FL = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+        qb, kb, vb = (to_bhsd(t, LAYOUT) for t in (q, k, v))
+        self.o = torch.empty_like(q)
+        self.stats = torch.empty(cfg.b, cfg.h, cfg.sq, 1, device="cuda", dtype=torch.float32)
+        self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ob, dob = to_bhsd(self.o, LAYOUT), to_bhsd(d_o, LAYOUT)
+        dqb, dkb, dvb = (to_bhsd(t, LAYOUT) for t in (self.dq, self.dk, self.dv))
+        scale = cfg.d**-0.5
+        causal = dict(diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT, diagonal_band_right_bound=0) if cfg.mask == "causal" else {}
+
+        def T(g, t, uid, dt=BF):
+            return g.tensor(name=f"t{uid}", dim=list(t.shape), stride=list(t.stride()), data_type=dt, uid=uid)
+
+        gf = cudnn.pygraph(io_data_type=BF, intermediate_data_type=FL, compute_data_type=FL, handle=self.handle)
+        extra = {"bias": T(gf, bias, 6)} if bias is not None else {}
+        o, st = gf.sdpa(q=T(gf, qb, 1), k=T(gf, kb, 2), v=T(gf, vb, 3), attn_scale=scale, generate_stats=True, **causal, **extra)
+        o.set_output(True).set_uid(4).set_dim(list(ob.shape)).set_stride(list(ob.stride()))
+        st.set_output(True).set_uid(5).set_data_type(FL).set_dim(list(self.stats.shape)).set_stride(list(self.stats.stride()))
+        gf.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        gb = cudnn.pygraph(io_data_type=BF, intermediate_data_type=FL, compute_data_type=FL, handle=self.handle)
+        extra_b = {}
+        if bias is not None:
+            self.dbias = torch.empty_like(bias)
+            dbias_t = T(gb, self.dbias, 15)
+            extra_b = {"bias": T(gb, bias, 6), "dBias": dbias_t}
+        dq, dk, dv = gb.sdpa_backward(q=T(gb, qb, 1), k=T(gb, kb, 2), v=T(gb, vb, 3), o=T(gb, ob, 4), dO=T(gb, dob, 11),
+                                      stats=T(gb, self.stats, 5, FL), attn_scale=scale, use_deterministic_algorithm=False,
+                                      **causal, **extra_b)  # fmt: skip
+        for t, ref, uid in ((dq, dqb, 12), (dk, dkb, 13), (dv, dvb, 14)):
+            t.set_output(True).set_uid(uid).set_dim(list(ref.shape)).set_stride(list(ref.stride()))
+        if bias is not None:
+            extra_b["dBias"].set_output(True)
+        gb.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        self.gf, self.gb = gf, gb
+        self.ws = torch.empty(max(gf.get_workspace_size(), gb.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+        self.fpack = {1: qb, 2: kb, 3: vb, 4: ob, 5: self.stats}
+        self.bpack = {1: qb, 2: kb, 3: vb, 4: ob, 5: self.stats, 11: dob, 12: dqb, 13: dkb, 14: dvb}
+        if bias is not None:
+            self.fpack[6] = self.bpack[6] = bias
+            self.bpack[15] = self.dbias
+        self.plan_names = (gf.get_plan_name_at_index(0), gb.get_plan_name_at_index(0))
+
+    def fwd_bwd(self):
+        cudnn_module().set_stream(self.handle, torch.cuda.current_stream().cuda_stream)
+        self.gf.execute(self.fpack, self.ws, handle=self.handle)
+        self.gb.execute(self.bpack, self.ws, handle=self.handle)
+
+
+class TorchSdpaCudnn:
+    name = "torch SDPA (cuDNN)"
+
+    def __init__(self, cfg: BenchConfig, q, k, v, bias, d_o):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self.ctx = lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+        self.cfg = cfg
+        self.q, self.k, self.v = (to_bhsd(t, LAYOUT).detach().requires_grad_() for t in (q, k, v))
+        self.mask = None
+        if bias is not None:  # torch takes the bias as an additive mask; causal folds into it
+            causal = torch.full((cfg.sq, cfg.skv), float("-inf"), device="cuda").triu(1)
+            self.mask = (bias.float() + causal).to(q.dtype)
+        self.d_o = to_bhsd(d_o, LAYOUT)
+        self.gqa = cfg.h != cfg.hg
+        self.note = ""
+
+    def fwd_bwd(self):
+        with self.ctx():
+            causal = self.cfg.mask == "causal" and self.mask is None
+            out = F.scaled_dot_product_attention(self.q, self.k, self.v, attn_mask=self.mask, is_causal=causal, enable_gqa=self.gqa)
+            return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
+
+
+def bench_config(cfg: BenchConfig, iters: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = make_qkv(LAYOUT, cfg.b, cfg.h, cfg.hg, cfg.sq, cfg.skv, cfg.d, generator=gen)
+    bias = torch.randn(cfg.bias_shape, generator=gen, device="cuda").to(q.dtype) if cfg.bias_shape else None
+    d_o = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
+    row: dict = {"config": cfg.name}
+    for cls in (TeCudnn, HandBuilt, TorchSdpaCudnn):
+        try:
+            impl = cls(cfg, q, k, v, bias, d_o)
+            eager = median_ms(impl.fwd_bwd, iters)
+            replay = median_ms(graphed(impl.fwd_bwd), iters)
+            row[cls.name] = {"graph_ms": replay, "eager_ms": eager}
+            if isinstance(impl, HandBuilt):
+                row["hand_plans"] = impl.plan_names
+        except Exception as exc:  # reported, never hidden
+            row[cls.name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        torch.cuda.synchronize()
+    return row
+
+
+def host_us(n=20000) -> dict:
+    """Host microseconds per cached forward call on a tiny problem (b=1, h=1, s=64, d=64)."""
+    b, h, s, d = 1, 1, 64, 64
+    q, k, v = make_qkv(LAYOUT, b, h, h, s, s, d)
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    kw = dict(qkv_layout=LAYOUT.name, attn_mask_type="no_mask")
+    call = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)  # noqa: E731
+    call()
+    plan = next(p for key, p in tc.plan_cache._entries.items() if key.config.sq == s and key.config.h == h and key.direction.value == "fwd")
+    handle = handle_for(0)
+    o, st = torch.empty_like(q), torch.empty(b, h, s, 1, device="cuda")
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    bufs = [to_bhsd(t, LAYOUT) for t in (q, k, v, o)] + [st]
+    dev = torch.device("cuda", 0)
+
+    def bare():
+        plan.graph.execute(bufs, ws, handle=handle, tensor_uids=plan.uids)
+
+    def bare_alloc():  # what a caller must add to get fresh outputs from a bare execute
+        o2 = torch.empty(q.shape, dtype=q.dtype, device=dev)
+        st2 = torch.empty((b, h, s, 1), dtype=torch.float32, device=dev)
+        plan.graph.execute([bufs[0], bufs[1], bufs[2], o2.permute(0, 2, 1, 3), st2], ws, handle=handle, tensor_uids=plan.uids)
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qb, kb, vb = (to_bhsd(t, LAYOUT) for t in (q, k, v))
+
+    def torch_sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(qb, kb, vb)
+
+    out = {}
+    for name, fn in (("bare graph.execute", bare), ("bare execute + output allocation", bare_alloc),
+                     ("te_cudnn fused_attn_fwd", call), ("torch SDPA cuDNN", torch_sdpa)):  # fmt: skip
+        reps = []
+        for _ in range(5):
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n // 5):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            reps.append((t1 - t0) / (n // 5) * 1e6)
+        out[name] = statistics.median(reps)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="test_0,test_1,test_3")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    env = current_env()
+    print(f"{env.describe()}; torch {torch.__version__}")
+    rows = [bench_config(BENCHMARK_CONFIGS[n], args.iters) for n in args.configs.split(",")]
+    names = (TeCudnn.name, HandBuilt.name, TorchSdpaCudnn.name)
+    print("\nfwd+bwd milliseconds, median (graph = CUDA-graph replay: device time; eager = events around eager calls)")
+    print(f"{'config':8}" + "".join(f"{n + ' graph':>26}{'eager':>9}" for n in names) + f"{'te/hand (graph)':>17}{'te/hand (eager)':>17}")
+    for r in rows:
+        line = f"{r['config']:8}"
+        for n in names:
+            cell = r[n]
+            line += f"{'ERR':>26}{'':>9}" if "error" in cell else f"{cell['graph_ms']:26.4f}{cell['eager_ms']:9.4f}"
+        te, hand = r[TeCudnn.name], r[HandBuilt.name]
+        if "error" not in te and "error" not in hand:
+            line += f"{te['graph_ms'] / hand['graph_ms']:17.4f}{te['eager_ms'] / hand['eager_ms']:17.4f}"
+        print(line)
+        for n in names:
+            if "error" in r[n]:
+                print(f"   {n}: {r[n]['error']}")
+    host = host_us()
+    print("\nhost microseconds per cached forward call (b=1, h=1, s=64, d=64), median of 5 x 4000 calls")
+    for name, us in host.items():
+        print(f"  {name:34} {us:7.2f}")
+    print(f"  te_cudnn - bare execute:           {host['te_cudnn fused_attn_fwd'] - host['bare graph.execute']:7.2f}")
+    print(f"  te_cudnn - (bare + allocation):    {host['te_cudnn fused_attn_fwd'] - host['bare execute + output allocation']:7.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": env.describe(), "rows": rows, "host_us": host}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
