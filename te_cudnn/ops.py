@@ -70,7 +70,9 @@ _memo_lock = threading.Lock()
 _zero_rng: dict[int, torch.Tensor] = {}
 
 
-def _remember(memo: dict[tuple, _Prepared], sig: tuple, prepared: _Prepared) -> None:
+def _remember(memo: dict[tuple, _Prepared], sig: Optional[tuple], prepared: _Prepared) -> None:
+    if sig is None:
+        return
     with _memo_lock:
         if len(memo) >= _MEMO_LIMIT:
             memo.clear()
@@ -156,7 +158,7 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
 
 
 def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device) -> None:
-    plan.graph.execute(buffers, _workspace(plan.workspace_size, device), handle=handle_for(device.index), tensor_uids=plan.uids)
+    plan.launch(buffers, _workspace(plan.workspace_size, device), handle_for(device.index))
 
 
 # ================================================================================ forward
@@ -227,7 +229,8 @@ def fused_attn_fwd(
         UnsupportedConfigError: valid input no sub-backend serves; lists every reason.
         GraphBuildError: cuDNN declined to plan the graph.
     """
-    sig = (
+    try:
+        sig: Optional[tuple] = (
         q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
         v.shape, v.stride(), v.dtype, v.get_device(), is_training, max_seqlen_q, max_seqlen_kv,
         qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
@@ -238,8 +241,10 @@ def fused_attn_fwd(
         cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
         d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
         and amax_s is None and amax_o is None,
-    )  # fmt: skip
-    prep = _fwd_memo.get(sig)
+        )  # fmt: skip
+        prep = _fwd_memo.get(sig)
+    except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
+        sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
     plan = prep.get_plan()
@@ -366,7 +371,8 @@ def fused_attn_bwd(
 
     Raises the same errors as :func:`fused_attn_fwd`.
     """
-    sig = (
+    try:
+        sig: Optional[tuple] = (
         q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
         v.shape, v.stride(), v.dtype, v.get_device(), o.shape, o.stride(), o.dtype, o.get_device(),
         d_o.shape, d_o.stride(), d_o.dtype, d_o.get_device(), max_seqlen_q, max_seqlen_kv, qkv_dtype,
@@ -377,7 +383,9 @@ def fused_attn_bwd(
         all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
                                 q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)),
     )  # fmt: skip
-    prep = _bwd_memo.get(sig)
+        prep = _bwd_memo.get(sig)
+    except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
+        sig = prep = None
     if prep is None:
         prep = _prepare_bwd(sig, locals())
     plan = prep.get_plan()
@@ -412,8 +420,13 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
             "aux_ctx_tensors must contain [softmax_stats, rng_state, (bias)] as returned by fused_attn_fwd; "
             f"got {type(aux).__name__} of length {len(aux) if isinstance(aux, (list, tuple)) else 'n/a'}"
         )
-    bias_type = a["attn_bias_type"]
-    needs_bias = str(bias_type).lower() in ("post_scale_bias", "pre_scale_bias") or bias_type in (1, 2)
+    bias_type = AttnBiasType.coerce(a["attn_bias_type"], argument="attn_bias_type")
+    needs_bias = bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias)
+    if needs_bias and len(aux) < 3:
+        raise ValueError(
+            f"aux_ctx_tensors must hold [softmax_stats, rng_state, bias] for attn_bias_type={bias_type.name} "
+            f"(the forward appends the bias); got {len(aux)} tensor(s)"
+        )
     fwd = describe_fwd(
         is_training=True, max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],

@@ -36,6 +36,13 @@ class CompiledPlan:
     hits: int = 0
     created: float = field(default_factory=time.time)
     evicted: bool = False  # set when the cache drops it; holders then look it up again
+    launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
+
+    def __post_init__(self) -> None:
+        if self.launch is None:
+            from .execute import PlanLauncher
+
+            self.launch = PlanLauncher(self.graph, self.uids)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -44,6 +51,7 @@ class CompiledPlan:
             "workspace_bytes": self.workspace_size,
             "build_ms": round(self.build_seconds * 1e3, 3),
             "hits": self.hits,
+            "direct_launch": bool(getattr(self.launch, "direct", False)),
         }
 
 
