@@ -1,0 +1,310 @@
+"""Malformed input to ``fused_attn_fwd`` / ``fused_attn_bwd`` (CPU tensors only).
+
+Validation runs before any GPU work, so every malformed call raises its own TypeError /
+ValueError naming the argument and value; a well-formed call on CPU tensors gets as far as
+the device check and raises a ValueError saying it needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+import te_cudnn
+from te_cudnn import FusedAttnBackend, UnsupportedConfigError
+
+BF16 = torch.bfloat16
+B, S, H, D = 2, 16, 4, 64
+KW = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
+NEEDS_CUDA = r"q is on cpu; fused attention executes on CUDA devices"
+
+
+def _t(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _qkv() -> dict[str, Any]:
+    return dict(q=_t(B, S, H, D), k=_t(B, S, H, D), v=_t(B, S, H, D))
+
+
+def fwd(**over: Any):
+    """fused_attn_fwd with the valid bf16 bshd baseline, overridden by ``over``."""
+    a: dict[str, Any] = dict(
+        is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None,
+        **_qkv(), qkv_dtype=BF16, **KW,
+    )  # fmt: skip
+    a.update(over)
+    pos = [a.pop(n) for n in ("is_training", "max_seqlen_q", "max_seqlen_kv", "cu_seqlens_q", "cu_seqlens_kv",
+                              "q", "k", "v", "qkv_dtype")]  # fmt: skip
+    return te_cudnn.fused_attn_fwd(*pos, **a)
+
+
+def _aux(bias: bool = False) -> list[torch.Tensor]:
+    aux = [torch.zeros(B, H, S, 1, dtype=torch.float32), torch.zeros(2, dtype=torch.int64)]
+    if bias:
+        aux.append(_t(1, H, S, S))
+    return aux
+
+
+def bwd(**over: Any):
+    """fused_attn_bwd with the valid bf16 bshd baseline, overridden by ``over``."""
+    a: dict[str, Any] = dict(
+        max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None, **_qkv(),
+        o=_t(B, S, H, D), d_o=_t(B, S, H, D), qkv_dtype=BF16, aux_ctx_tensors=_aux(), **KW,
+    )  # fmt: skip
+    a.update(over)
+    pos = [a.pop(n) for n in ("max_seqlen_q", "max_seqlen_kv", "cu_seqlens_q", "cu_seqlens_kv", "q", "k", "v",
+                              "o", "d_o", "qkv_dtype", "aux_ctx_tensors")]  # fmt: skip
+    return te_cudnn.fused_attn_bwd(*pos, **a)
+
+
+# ----------------------------------------------------------------------------- valid calls
+def test_fwd_valid_call_needs_cuda() -> None:
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        fwd()
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        dict(qkv_dtype=None),
+        dict(fused_attention_backend=FusedAttnBackend.F16_arbitrary_seqlen),
+        dict(fused_attention_backend="F16_arbitrary_seqlen"),
+        dict(attn_mask_type="causal", window_size=(4, 0)),
+        dict(qkv_layout="BSHD_BSHD_BSHD", attn_mask_type="CAUSAL"),
+        dict(attn_bias_type="post_scale_bias", attn_bias=_t(1, H, S, S)),
+        dict(dropout=0.1),
+        dict(is_training=False),
+    ],
+    ids=["qkv_dtype_none", "backend_enum", "backend_str", "causal_window", "upper_case", "bias", "dropout", "inference"],
+)
+def test_fwd_valid_variants_need_cuda(over: dict) -> None:
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        fwd(**over)
+
+
+def test_fwd_valid_packed_views_need_cuda() -> None:
+    q, k, v = _t(B, S, 3, H, D).unbind(-3)
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        fwd(q=q, k=k, v=v, qkv_layout="bs3hd")
+    q = _t(S, B, H, D)
+    k, v = _t(S, B, H, 2, D).unbind(-2)
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        fwd(q=q, k=k, v=v, qkv_layout="sbhd_sbh2d")
+
+
+def test_bwd_valid_call_needs_cuda() -> None:
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        bwd()
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        bwd(attn_bias_type="post_scale_bias", aux_ctx_tensors=_aux(bias=True), deterministic=True)
+
+
+# ----------------------------------------------------------------------------- forward errors
+misaligned = _t(B, S, H, D + 4)[..., :D]  # head stride 68 elements = 136 bytes, not a multiple of 16
+FWD_ERRORS = [
+    # id, overrides, exception, message fragment (regex)
+    ("q_float32", dict(q=_t(B, S, H, D, dtype=torch.float32)), TypeError,
+     r"q\.dtype=torch\.float32; fused attention takes float16, bfloat16 or float8"),
+    ("k_dtype_differs", dict(k=_t(B, S, H, D, dtype=torch.float16)), TypeError,
+     r"k\.dtype=torch\.float16 differs from q\.dtype=torch\.bfloat16"),
+    ("v_dtype_differs", dict(v=_t(B, S, H, D, dtype=torch.float16)), TypeError,
+     r"v\.dtype=torch\.float16 differs from q\.dtype=torch\.bfloat16"),
+    ("qkv_dtype_mismatch", dict(qkv_dtype=torch.float16), TypeError,
+     r"qkv_dtype=torch\.float16 does not match q\.dtype=torch\.bfloat16"),
+    ("q_not_tensor", dict(q=[[0.0]]), TypeError, r"q must be a torch\.Tensor, got list"),
+    ("k_not_tensor", dict(k="k"), TypeError, r"k must be a torch\.Tensor, got str"),
+    ("q_3d", dict(q=_t(B, S, H * D)), ValueError, r"q must be 4-d in format bshd, got shape \[2, 16, 256\]"),
+    ("k_5d", dict(k=_t(B, S, 1, H, D)), ValueError, r"k must be 4-d in format bshd, got shape \[2, 16, 1, 4, 64\]"),
+    ("batch_mismatch", dict(k=_t(3, S, H, D)), ValueError, r"batch sizes differ: q has b=2, k has b=3, v has b=2"),
+    ("kv_heads_mismatch", dict(v=_t(B, S, 2, D)), ValueError, r"k has 4 heads x 16 keys but v has 2 heads x 16 keys"),
+    ("kv_seqlen_mismatch", dict(v=_t(B, 8, H, D)), ValueError, r"k has 4 heads x 16 keys but v has 4 heads x 8 keys"),
+    ("h_not_multiple_of_hg", dict(k=_t(B, S, 3, D), v=_t(B, S, 3, D)), ValueError,
+     r"k/v have 3 heads, which does not divide q's 4 heads"),
+    ("head_dim_mismatch", dict(k=_t(B, S, H, 32)), ValueError, r"q head dim 64 differs from k head dim 32"),
+    ("q_last_dim_strided", dict(q=_t(B, S, H, 2 * D)[..., ::2]), ValueError,
+     r"q must have a unit-stride last dimension, got shape \(2, 16, 4, 64\) stride \(8192, 512, 128, 2\)"),
+    ("v_last_dim_strided", dict(v=_t(B, S, H, 2 * D)[..., ::2]), ValueError, r"v must have a unit-stride last dimension"),
+    ("misaligned_strides", dict(q=misaligned), ValueError,
+     r"q has strides \(4352, 272, 68, 1\) \(2-byte elements\); cuDNN needs every non-unit stride to be a multiple of 16 bytes"),
+    ("bad_layout_name", dict(qkv_layout="bshd_bshd"), ValueError,
+     r"qkv_layout='bshd_bshd' is not a valid QKVLayout; expected one of 'sb3hd', 'sbh3d', .*'bshd_bshd_bshd'"),
+    ("bad_layout_int", dict(qkv_layout=26), ValueError, r"qkv_layout=26 is not a valid QKVLayout value"),
+    ("packed_qkv_separate", dict(qkv_layout="bs3hd"), ValueError,
+     r"qkv_layout='bs3hd' but q, k, v are laid out as 'bshd_bshd_bshd'"),
+    ("packed_kv_separate", dict(qkv_layout="bshd_bsh2d"), ValueError,
+     r"qkv_layout='bshd_bsh2d' but q, k, v are laid out as 'bshd_bshd_bshd'"),
+    ("packed_qkv_shapes_differ", dict(qkv_layout="bsh3d", k=_t(B, S, 2, D), v=_t(B, S, 2, D)), ValueError,
+     r"qkv_layout=bsh3d packs q, k and v in one buffer, so they need one shape"),
+    ("max_seqlen_q", dict(max_seqlen_q=32), ValueError, r"max_seqlen_q=32 but q holds 16 positions"),
+    ("max_seqlen_kv", dict(max_seqlen_kv=8), ValueError, r"max_seqlen_kv=8 but k holds 16 positions"),
+    ("max_seqlen_q_float", dict(max_seqlen_q=16.0), TypeError, r"max_seqlen_q must be an int, got float"),
+    ("cu_seqlens_q_dtype", dict(cu_seqlens_q=torch.zeros(B + 1, dtype=torch.int64)), TypeError,
+     r"cu_seqlens_q must be int32, got torch\.int64"),
+    ("cu_seqlens_kv_length", dict(cu_seqlens_kv=torch.zeros(B, dtype=torch.int32)), ValueError,
+     r"cu_seqlens_kv must have shape \[b\+1\] = \[3\], got \[2\]"),
+    ("cu_seqlens_missing_padding", dict(attn_mask_type="padding"), ValueError,
+     r"cu_seqlens_q is required for padding masks \(int32 \[b\+1\] = \[3\]\)"),
+    ("cu_seqlens_kv_missing_padding_causal",
+     dict(attn_mask_type="padding_causal", cu_seqlens_q=torch.zeros(B + 1, dtype=torch.int32)), ValueError,
+     r"cu_seqlens_kv is required for padding masks"),
+    ("bad_mask_name", dict(attn_mask_type="causal_top_left"), ValueError,
+     r"attn_mask_type='causal_top_left' is not a valid AttnMaskType"),
+    ("bad_bias_type", dict(attn_bias_type="post_bias"), ValueError, r"attn_bias_type='post_bias' is not a valid AttnBiasType"),
+    ("bad_softmax_type", dict(softmax_type="sparse"), ValueError, r"softmax_type='sparse' is not a valid SoftmaxType"),
+    ("bad_backend", dict(fused_attention_backend="cudnn"), ValueError,
+     r"fused_attention_backend='cudnn' is not a valid FusedAttnBackend"),
+    ("bias_missing", dict(attn_bias_type="post_scale_bias"), ValueError,
+     r"attn_bias_type=post_scale_bias needs attn_bias, got None"),
+    ("bias_dtype", dict(attn_bias_type="post_scale_bias", attn_bias=_t(1, H, S, S, dtype=torch.float32)), TypeError,
+     r"attn_bias\.dtype=torch\.float32 must equal q\.dtype=torch\.bfloat16"),
+    ("bias_shape_skv", dict(attn_bias_type="post_scale_bias", attn_bias=_t(1, H, S, 8)), ValueError,
+     r"attn_bias has shape \[1, 4, 16, 8\]; expected \[1 or b, 1 or h, sq, skv\] = \[1\|2, 1\|4, 16, 16\]"),
+    ("bias_shape_heads", dict(attn_bias_type="post_scale_bias", attn_bias=_t(1, 2, S, S)), ValueError,
+     r"attn_bias has shape \[1, 2, 16, 16\]"),
+    ("bias_shape_3d", dict(attn_bias_type="post_scale_bias", attn_bias=_t(H, S, S)), ValueError,
+     r"attn_bias has shape \[4, 16, 16\]"),
+    ("bias_not_tensor", dict(attn_bias_type="post_scale_bias", attn_bias=[[0.0]]), TypeError,
+     r"attn_bias must be a torch\.Tensor, got list"),
+    ("bias_with_no_bias", dict(attn_bias=_t(1, H, S, S)), ValueError,
+     r"attn_bias was given but attn_bias_type=no_bias"),
+    ("bias_with_alibi", dict(attn_bias=_t(1, H, S, S), attn_bias_type="alibi", attn_mask_type="causal"), ValueError,
+     r"attn_bias was given but attn_bias_type=alibi"),
+    ("dropout_inference", dict(is_training=False, dropout=0.1), ValueError,
+     r"dropout=0\.1 during inference \(is_training=False\)"),
+    ("dropout_one", dict(dropout=1.0), ValueError, r"dropout=1\.0 must be in \[0, 1\)"),
+    ("dropout_negative", dict(dropout=-0.1), ValueError, r"dropout=-0\.1 must be in \[0, 1\)"),
+    ("dropout_str", dict(dropout="0.1"), TypeError, r"dropout must be a number, got str"),
+    ("attn_scale_nan", dict(attn_scale=float("nan")), ValueError, r"attn_scale=nan must be finite"),
+    ("window_below_minus_one", dict(window_size=(-2, 0)), ValueError,
+     r"window_size=\(-2, 0\) entries must be >= -1"),
+    ("window_three_entries", dict(window_size=(1, 2, 3)), ValueError,
+     r"window_size must be a \(left, right\) pair, got \(1, 2, 3\)"),
+    ("window_float_entry", dict(window_size=(1.5, 0)), TypeError, r"window_size must be an int, got float"),
+    ("causal_window_right", dict(attn_mask_type="causal", window_size=(4, 2)), ValueError,
+     r"window_size=\(4, 2\) has right=2 but attn_mask_type=causal allows no keys right of the diagonal"),
+    ("causal_br_window_right", dict(attn_mask_type="causal_bottom_right", window_size=(-1, 1)), ValueError,
+     r"window_size=\(-1, 1\) has right=1 but attn_mask_type=causal_bottom_right"),
+    ("is_training_int", dict(is_training=1), TypeError, r"is_training must be a bool, got int"),
+    ("is_training_none", dict(is_training=None), TypeError, r"is_training must be a bool, got NoneType"),
+    ("bottom_right_diagonal_int", dict(bottom_right_diagonal=1), TypeError,
+     r"bottom_right_diagonal must be a bool or None, got int"),
+    ("fp8_scale_with_bf16", dict(d_scale_qkv=torch.ones(1, dtype=torch.float32)), ValueError,
+     r"d_scale_qkv are FP8 scaling arguments, but q is bfloat16"),
+    ("fp8_scales_with_bf16", dict(q_scale_o=torch.ones(1), amax_s=torch.ones(1)), ValueError,
+     r"q_scale_o, amax_s are FP8 scaling arguments, but q is bfloat16"),
+    ("rng_gen_not_generator", dict(rng_gen=1234), TypeError, r"rng_gen must be a torch\.Generator or None, got int"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "exc", "match"), [c[1:] for c in FWD_ERRORS], ids=[c[0] for c in FWD_ERRORS])
+def test_fwd_malformed_input(over: dict, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match) as ei:
+        fwd(**over)
+    assert type(ei.value) is exc  # the plain built-in, not a subclass such as UnsupportedConfigError
+
+
+def test_fwd_window_not_a_pair() -> None:
+    # A scalar window is malformed input: the error must name window_size (not "'int' object is not iterable").
+    with pytest.raises((ValueError, TypeError), match=r"window_size"):
+        fwd(window_size=5)
+
+
+def test_fwd_layout_error_lists_every_layout() -> None:
+    with pytest.raises(ValueError) as ei:
+        fwd(qkv_layout="bshd")
+    for layout in te_cudnn.QKVLayout:
+        assert repr(layout.name) in str(ei.value)
+
+
+def test_fwd_errors_are_not_remembered() -> None:
+    """A failed call leaves nothing behind: the same malformed call fails the same way again."""
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"max_seqlen_q=32"):
+            fwd(max_seqlen_q=32)
+
+
+# ----------------------------------------------------------------------------- THD layouts
+def _thd_tensors() -> dict[str, torch.Tensor]:
+    t = B * S
+    return dict(q=_t(t, H, D), k=_t(t, H, D), v=_t(t, H, D))
+
+
+def _check_all_backends_named(err: UnsupportedConfigError) -> None:
+    msg = str(err)
+    assert isinstance(err, NotImplementedError)
+    assert set(err.reasons) == {FusedAttnBackend.F16_arbitrary_seqlen, FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8}
+    for name in ("F16_arbitrary_seqlen", "F16_max512_seqlen", "FP8"):
+        assert re.search(rf"^  {name} declined because:$", msg, re.M), msg
+    assert "issue #3" in msg
+
+
+def test_fwd_thd_layout_unsupported() -> None:
+    cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+    with pytest.raises(UnsupportedConfigError, match=r"^No cuDNN fused-attention sub-backend supports qkv_layout=thd_thd_thd") as ei:
+        fwd(**_thd_tensors(), qkv_layout="thd_thd_thd", attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    _check_all_backends_named(ei.value)
+
+
+def test_bwd_thd_layout_unsupported() -> None:
+    cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+    o = _t(B * S, H, D)
+    with pytest.raises(UnsupportedConfigError, match=r"qkv_layout=thd_thd_thd") as ei:
+        bwd(**_thd_tensors(), o=o, d_o=o, qkv_layout="thd_thd_thd", attn_mask_type="padding",
+            cu_seqlens_q=cu, cu_seqlens_kv=cu)  # fmt: skip
+    _check_all_backends_named(ei.value)
+
+
+# ----------------------------------------------------------------------------- backward errors
+BWD_ERRORS = [
+    ("aux_too_short", dict(aux_ctx_tensors=_aux()[:1]), ValueError,
+     r"aux_ctx_tensors must contain \[softmax_stats, rng_state, \(bias\)\].*got list of length 1"),
+    ("aux_empty", dict(aux_ctx_tensors=[]), ValueError, r"aux_ctx_tensors must contain.*got list of length 0"),
+    ("aux_without_bias", dict(attn_bias_type="post_scale_bias", aux_ctx_tensors=_aux()), ValueError,
+     r"aux_ctx_tensors"),
+    ("stats_shape", dict(aux_ctx_tensors=[torch.zeros(B, H, S), _aux()[1]]), ValueError,
+     r"aux_ctx_tensors\[0\] \(softmax stats\) must be a contiguous float32 \[2, 4, 16, 1\] tensor, got torch\.float32 \[2, 4, 16\]"),
+    ("stats_dtype", dict(aux_ctx_tensors=[_t(B, H, S, 1), _aux()[1]]), ValueError,
+     r"aux_ctx_tensors\[0\] \(softmax stats\) must be a contiguous float32 \[2, 4, 16, 1\] tensor, got torch\.bfloat16"),
+    ("stats_not_contiguous", dict(aux_ctx_tensors=[torch.zeros(B, S, H, 1).transpose(1, 2), _aux()[1]]), ValueError,
+     r"aux_ctx_tensors\[0\] \(softmax stats\) must be a contiguous float32"),
+    ("rng_state_dtype", dict(aux_ctx_tensors=[_aux()[0], torch.zeros(2, dtype=torch.int32)]), ValueError,
+     r"aux_ctx_tensors\[1\] \(rng_state\) must be int64 \[2\], got torch\.int32 \[2\]"),
+    ("rng_state_shape", dict(aux_ctx_tensors=[_aux()[0], torch.zeros(3, dtype=torch.int64)]), ValueError,
+     r"aux_ctx_tensors\[1\] \(rng_state\) must be int64 \[2\], got torch\.int64 \[3\]"),
+    ("bias_aux_shape", dict(attn_bias_type="post_scale_bias", aux_ctx_tensors=[*_aux(), _t(1, H, S, 8)]), ValueError,
+     r"attn_bias has shape \[1, 4, 16, 8\]"),
+    ("d_o_shape", dict(d_o=_t(B, S, H, 32)), ValueError,
+     r"d_o must have shape \[2, 16, 4, 64\] \(q's with head dim d_v\), got \[2, 16, 4, 32\]"),
+    ("o_shape", dict(o=_t(B, S, 2, D)), ValueError, r"o must have shape \[2, 16, 4, 64\]"),
+    ("d_o_dtype", dict(d_o=_t(B, S, H, D, dtype=torch.float16)), TypeError,
+     r"d_o\.dtype=torch\.float16 differs from q\.dtype=torch\.bfloat16"),
+    ("d_o_last_dim_strided", dict(d_o=_t(B, S, H, 2 * D)[..., ::2]), ValueError,
+     r"d_o must have a unit-stride last dimension"),
+    ("d_o_not_tensor", dict(d_o=[[0.0]]), TypeError, r"d_o must be a torch\.Tensor, got list"),
+    ("deterministic_int", dict(deterministic=1), TypeError, r"deterministic must be a bool, got int"),
+    ("deterministic_none", dict(deterministic=None), TypeError, r"deterministic must be a bool, got NoneType"),
+    ("q_float32", dict(q=_t(B, S, H, D, dtype=torch.float32)), TypeError, r"q\.dtype=torch\.float32"),
+    ("max_seqlen_kv", dict(max_seqlen_kv=32), ValueError, r"max_seqlen_kv=32 but k holds 16 positions"),
+    ("dropout_one", dict(dropout=1.0), ValueError, r"dropout=1\.0 must be in \[0, 1\)"),
+    ("causal_window_right", dict(attn_mask_type="causal", window_size=(0, 3)), ValueError,
+     r"window_size=\(0, 3\) has right=3 but attn_mask_type=causal"),
+    ("fp8_scale_with_bf16", dict(d_scale_do=torch.ones(1)), ValueError,
+     r"d_scale_do are FP8 scaling arguments, but q is bfloat16"),
+    ("bad_layout_name", dict(qkv_layout="bs2hd"), ValueError, r"qkv_layout='bs2hd' is not a valid QKVLayout"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "exc", "match"), [c[1:] for c in BWD_ERRORS], ids=[c[0] for c in BWD_ERRORS])
+def test_bwd_malformed_input(over: dict, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match) as ei:
+        bwd(**over)
+    assert type(ei.value) is exc
+
+
+def test_bwd_aux_not_a_list() -> None:
+    with pytest.raises((TypeError, ValueError), match=r"aux_ctx_tensors"):
+        bwd(aux_ctx_tensors=None)

@@ -1,0 +1,281 @@
+"""Sub-backend selection and its reasons (``explain`` / ``get_fused_attn_backend`` / ``select``); CPU only."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+import torch
+
+import te_cudnn
+from te_cudnn import FusedAttnBackend, UnsupportedConfigError
+from te_cudnn.backends import REGISTRY, Direction, select
+from te_cudnn.config import describe_shapes
+from te_cudnn.enums import AttnBiasType, AttnMaskType
+from te_cudnn.layouts import layout_info
+from te_cudnn.runtime import HOPPER_CUDNN_919, RuntimeEnv
+
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+ARB, M512, F8 = "F16_arbitrary_seqlen", "F16_max512_seqlen", "FP8"
+SM80 = RuntimeEnv(sm=80, cudnn_version=90100)
+UNKNOWN = RuntimeEnv(sm=None, cudnn_version=None)
+ENVS = [pytest.param(HOPPER_CUDNN_919, id="sm90-cudnn91900"), pytest.param(SM80, id="sm80-cudnn90100"),
+        pytest.param(UNKNOWN, id="unknown")]  # fmt: skip
+
+
+def explain(
+    *,
+    dtype: torch.dtype = BF16,
+    layout: str = "bshd_bshd_bshd",
+    bias: str = "no_bias",
+    mask: str = "no_mask",
+    softmax: str = "vanilla",
+    dropout: float = 0.0,
+    h: int = 16,
+    hg: int | None = None,
+    sq: int = 512,
+    skv: int | None = None,
+    d: int = 64,
+    d_v: int | None = None,
+    window: tuple[int, int] = (-1, -1),
+    training: bool = True,
+    deterministic: bool = False,
+    b: int = 2,
+    env: RuntimeEnv = HOPPER_CUDNN_919,
+    **kw,
+) -> te_cudnn.Explanation:
+    """te_cudnn.explain with TE's positional argument order."""
+    return te_cudnn.explain(
+        training, dtype, dtype, layout, bias, mask, softmax, dropout, h, h if hg is None else hg, sq,
+        sq if skv is None else skv, d, d if d_v is None else d_v, window[0], window[1], False, False, deterministic,
+        batch_size=b, env=env, **kw,
+    )  # fmt: skip
+
+
+def _has(reasons: list[str], fragment: str) -> bool:
+    return any(fragment in r for r in reasons)
+
+
+# ----------------------------------------------------------------------------- TE benchmark configs
+# benchmarks/attention/benchmark_attention.py: (b, h, hg, d, sq, skv, mask, bias), bf16, bshd_bshd_bshd, training
+BENCH = {
+    "test_0": (2, 16, 16, 64, 512, 512, "no_mask", "no_bias"),
+    "test_1": (2, 16, 16, 128, 2048, 2048, "causal", "no_bias"),
+    "test_2": (2, 16, 16, 128, 2048, 2048, "causal", "post_scale_bias"),
+    "test_3": (2, 32, 4, 128, 8192, 8192, "causal", "no_bias"),
+}
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("name", list(BENCH))
+def test_benchmark_configs_choose_arbitrary(name: str, env: RuntimeEnv) -> None:
+    b, h, hg, d, sq, skv, mask, bias = BENCH[name]
+    args = (True, BF16, BF16, "bshd_bshd_bshd", bias, mask, "vanilla", 0.0, h, hg, sq, skv, d, d)
+    ex = te_cudnn.explain(*args, batch_size=b, env=env)
+    assert ex.backend is FusedAttnBackend.F16_arbitrary_seqlen
+    assert ex.reasons[ARB] == []
+    assert list(ex.reasons) == [ARB, M512, F8]  # priority order
+    assert (ex.config.b, ex.config.h, ex.config.hg, ex.config.sq, ex.config.skv, ex.config.d_qk) == (b, h, hg, sq, skv, d)
+    assert ex.env is env
+    got = te_cudnn.get_fused_attn_backend(*args, batch_size=b, env=env)
+    assert got is FusedAttnBackend.F16_arbitrary_seqlen and got == 1
+    # and the actual select() agrees, forward and backward
+    assert select(ex.config, env).enum is FusedAttnBackend.F16_arbitrary_seqlen
+    assert select(ex.config, env, direction=Direction.BWD).enum is FusedAttnBackend.F16_arbitrary_seqlen
+
+
+def test_explanation_str() -> None:
+    text = str(explain())
+    assert "-> F16_arbitrary_seqlen" in text
+    assert "F16_arbitrary_seqlen: supported" in text
+    assert "F16_max512_seqlen: declined" in text
+    assert "- its graph builders are not implemented in this release (issue #6)" in text
+
+
+# ----------------------------------------------------------------------------- declined configurations
+DECLINED = [
+    # id, explain overrides, fragment of F16_arbitrary_seqlen's reason
+    ("pre_scale_bias", dict(bias="pre_scale_bias"), "attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias, alibi)"),
+    ("alibi_no_mask", dict(bias="alibi", mask="no_mask"),
+     "alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type=no_mask"),
+    ("alibi_sm80", dict(bias="alibi", mask="causal", env=SM80), "alibi needs sm90 or newer, got sm80"),
+    ("causal_br_sq_gt_skv", dict(mask="causal_bottom_right", sq=1024, skv=512),
+     "causal_bottom_right needs sq <= skv, got sq=1024 > skv=512"),
+    ("causal_br_cross_bias", dict(mask="causal_bottom_right", sq=512, skv=1024, bias="post_scale_bias"),
+     "causal_bottom_right with sq != skv cannot take attn_bias_type=post_scale_bias"),
+    ("causal_br_cross_dropout", dict(mask="causal_bottom_right", sq=512, skv=1024, dropout=0.1),
+     "causal_bottom_right with sq != skv cannot take dropout"),
+    ("window_bias", dict(mask="causal", window=(128, 0), bias="post_scale_bias"),
+     "sliding window (128, 0) cannot take attn_bias_type=post_scale_bias"),
+    ("window_dropout", dict(mask="no_mask", window=(64, 64), dropout=0.1), "sliding window (64, 64) cannot take dropout"),
+    ("window_sq_gt_skv", dict(mask="no_mask", window=(64, 64), sq=1024, skv=512),
+     "sliding window (64, 64) needs sq <= skv, got sq=1024, skv=512"),
+    ("head_dim_264", dict(d=264), "head dims d_qk=264, d_v=264 exceed 256"),
+    ("head_dim_not_multiple_of_8", dict(d=60), "head dims d_qk=60, d_v=60 must be multiples of 8"),
+    ("head_dim_256_sm80", dict(d=256, env=SM80), "head dims above 128 (d_qk=256, d_v=256) need sm90, got sm80"),
+    ("head_dim_256_training_cudnn91", dict(d=256, env=RuntimeEnv(sm=90, cudnn_version=90100)),
+     "head dims above 128 need cuDNN 90500 or newer for training"),
+    ("head_dim_256_128_training", dict(d=256, d_v=128), "training with d_qk=256 != d_v=128 (both >= 128) is not supported"),
+    ("softmax_off_by_one", dict(softmax="off_by_one"), "softmax_type=off_by_one (supported: vanilla)"),
+    ("softmax_learnable", dict(softmax="learnable"), "softmax_type=learnable (supported: vanilla)"),
+    ("padding", dict(mask="padding"), "padding masks arrive with variable-length support (issue #3)"),
+    ("padding_causal", dict(mask="padding_causal"), "attn_mask_type=padding_causal: padding masks arrive"),
+    ("fp8_dtype", dict(dtype=FP8, d=128), "dtype=float8_e4m3fn (supported: bfloat16, float16)"),
+    ("fp8_e5m2_dtype", dict(dtype=torch.float8_e5m2, d=128), "dtype=float8_e5m2 (supported: bfloat16, float16)"),
+    ("sq_skv_1_training", dict(sq=1, skv=1), "cuDNN's SDPA backward does not support sq = skv = 1"),
+    ("deterministic_sm80", dict(deterministic=True, env=SM80), "a deterministic backward needs sm90 or newer, got sm80"),
+    ("cudnn_9_10_0", dict(env=RuntimeEnv(sm=90, cudnn_version=91000)), "cuDNN 91000 has known bugs for this sub-backend"),
+    ("cudnn_8", dict(env=RuntimeEnv(sm=90, cudnn_version=80906)), "cuDNN 80906 is older than 90000"),
+    ("sm75", dict(env=RuntimeEnv(sm=75, cudnn_version=91900)), "GPU sm75 (needs sm80 or newer)"),
+    ("blackwell_old_cudnn", dict(env=RuntimeEnv(sm=100, cudnn_version=90600)), "sm100 needs cuDNN 9.7 or newer"),
+    ("return_max_logit", dict(return_max_logit=True), "return_max_logit is not supported yet"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "fragment"), [c[1:] for c in DECLINED], ids=[c[0] for c in DECLINED])
+def test_declined_with_reason(over: dict, fragment: str) -> None:
+    if "return_max_logit" in over:
+        ex = te_cudnn.explain(True, BF16, BF16, "bshd_bshd_bshd", "no_bias", "no_mask", "vanilla", 0.0, 16, 16, 512,
+                              512, 64, 64, -1, -1, True, env=HOPPER_CUDNN_919)  # fmt: skip
+    else:
+        ex = explain(**over)
+    assert ex.backend is FusedAttnBackend.No_Backend
+    assert _has(ex.reasons[ARB], fragment), ex.reasons[ARB]
+    assert all(ex.reasons[n] for n in (ARB, M512, F8))
+
+
+@pytest.mark.parametrize(
+    "over",
+    [dict(mask="causal_bottom_right", sq=512, skv=512, bias="post_scale_bias"),  # demoted to top-left when sq == skv
+     dict(mask="causal_bottom_right", sq=512, skv=1024),
+     dict(mask="causal", window=(128, 0)),
+     dict(mask="no_mask", window=(64, 64), sq=512, skv=1024),
+     dict(d=256), dict(d=192, d_v=128), dict(d=256, training=False, env=RuntimeEnv(sm=90, cudnn_version=90100)),
+     dict(sq=1, skv=1, training=False), dict(deterministic=True), dict(dropout=0.1), dict(h=32, hg=1),
+     dict(bias="alibi", mask="causal_bottom_right", sq=1024, skv=1024)],
+    ids=["causal_br_self_bias", "causal_br_cross", "causal_window", "window_cross", "d256_sm90", "d192_128",
+         "d256_inference_cudnn91", "sq1_inference", "deterministic_sm90", "dropout", "mqa", "alibi_causal_br_self"],
+)  # fmt: skip
+def test_accepted_edge_cases(over: dict) -> None:
+    ex = explain(**over)
+    assert ex.reasons[ARB] == [], ex.reasons[ARB]
+    assert ex.backend is FusedAttnBackend.F16_arbitrary_seqlen
+
+
+def test_fp8_declined_by_every_backend() -> None:
+    ex = explain(dtype=FP8, d=128, mask="causal")
+    assert ex.backend is FusedAttnBackend.No_Backend
+    for name in (ARB, M512):
+        assert _has(ex.reasons[name], "dtype=float8_e4m3fn (supported: bfloat16, float16)"), ex.reasons[name]
+    # FP8 accepts the dtype and shapes; it is declined only as not implemented yet
+    assert ex.reasons[F8] == ["its graph builders are not implemented in this release (issue #4)"]
+
+
+def test_max512_declined_only_as_not_implemented_where_te_served_it() -> None:
+    ex = explain(layout="bs3hd", mask="causal", sq=512, d=64)
+    assert ex.reasons[M512] == ["its graph builders are not implemented in this release (issue #6)"]
+    ex = explain(layout="bshd_bsh2d", sq=1024, d=128, h=16, hg=4)
+    why = ex.reasons[M512]
+    for fragment in ("qkv_layout=bshd_bsh2d", "exceed 512", "(supported: [64])", "grouped-query attention (h=16, hg=4)"):
+        assert _has(why, fragment), why
+
+
+def test_explain_dtype_mismatch() -> None:
+    with pytest.raises(TypeError, match=r"q_dtype=torch\.bfloat16 differs from kv_dtype=torch\.float16"):
+        te_cudnn.explain(True, BF16, torch.float16, "bshd_bshd_bshd", "no_bias", "no_mask", "vanilla", 0.0,
+                         16, 16, 512, 512, 64, 64, env=HOPPER_CUDNN_919)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- select()
+def _cfg(**over):
+    a = dict(is_training=True, dtype=BF16, qkv_layout="bshd_bshd_bshd", attn_bias_type="no_bias",
+             attn_mask_type="causal", softmax_type="vanilla", dropout=0.0, num_attn_heads=16, num_gqa_groups=16,
+             max_seqlen_q=512, max_seqlen_kv=512, head_dim_qk=64, head_dim_v=64, window_size=(-1, -1), batch_size=2)  # fmt: skip
+    a.update(over)
+    return describe_shapes(**a)
+
+
+def test_select_raises_listing_all_sub_backends() -> None:
+    cfg = _cfg(attn_bias_type="pre_scale_bias")
+    with pytest.raises(UnsupportedConfigError) as ei:
+        select(cfg, HOPPER_CUDNN_919)
+    err = ei.value
+    assert isinstance(err, NotImplementedError)
+    assert list(err.reasons) == [FusedAttnBackend.F16_arbitrary_seqlen, FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8]
+    msg = str(err)
+    assert msg.startswith(f"No cuDNN fused-attention sub-backend supports {cfg.summary()}")
+    for name in (ARB, M512, F8):
+        assert re.search(rf"^  {name} declined because:$", msg, re.M), msg
+    assert "    - attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias, alibi)" in msg
+    assert "issue #6" in msg and "issue #4" in msg
+
+
+def test_select_forced_max512_raises_issue_6() -> None:
+    cfg = _cfg(attn_mask_type="no_mask")
+    with pytest.raises(UnsupportedConfigError, match=r"with the requested F16_max512_seqlen") as ei:
+        select(cfg, HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_max512_seqlen)
+    assert "issue #6" in str(ei.value)
+    assert list(ei.value.reasons) == [FusedAttnBackend.F16_max512_seqlen]
+
+
+def test_select_forced_fp8_raises_issue_4() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"issue #4") as ei:
+        select(_cfg(), HOPPER_CUDNN_919, forced=FusedAttnBackend.FP8)
+    assert _has(ei.value.reasons[FusedAttnBackend.FP8], "dtype=bfloat16 (supported: float8_e4m3fn, float8_e5m2)")
+
+
+def test_select_forced_arbitrary_never_falls_back() -> None:
+    assert select(_cfg(), HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_arbitrary_seqlen) is REGISTRY[0]
+    assert select(_cfg(), HOPPER_CUDNN_919, forced=FusedAttnBackend.No_Backend) is REGISTRY[0]
+    with pytest.raises(UnsupportedConfigError, match=r"requested F16_arbitrary_seqlen"):
+        select(_cfg(head_dim_qk=264, head_dim_v=264), HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_arbitrary_seqlen)
+
+
+def test_training_forward_checks_backward_rules() -> None:
+    # sq = skv = 1: forward-only is fine, a training forward is declined up front.
+    inference = _cfg(is_training=False, max_seqlen_q=1, max_seqlen_kv=1)
+    assert select(inference, HOPPER_CUDNN_919).enum is FusedAttnBackend.F16_arbitrary_seqlen
+    with pytest.raises(UnsupportedConfigError, match=r"does not support sq = skv = 1"):
+        select(_cfg(max_seqlen_q=1, max_seqlen_kv=1), HOPPER_CUDNN_919)
+
+
+# ----------------------------------------------------------------------------- generated from the declaration
+CAPS = REGISTRY[0].caps
+assert REGISTRY[0].enum is FusedAttnBackend.F16_arbitrary_seqlen
+
+
+def _documented_reasons(mask: AttnMaskType, bias: AttnBiasType, sq: int, skv: int) -> list[str]:
+    """The F16 arbitrary cross-rules (spec §6) that apply to a declared layout x mask x bias."""
+    why = []
+    if bias == AttnBiasType.alibi and not mask.is_causal:
+        why.append(f"alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type={mask.name}")
+    if mask.is_bottom_right and sq != skv and bias != AttnBiasType.no_bias:
+        why.append(f"causal_bottom_right with sq != skv cannot take attn_bias_type={bias.name}")
+    return why
+
+
+def _generated_cases():
+    for layout, mask, bias in itertools.product(sorted(CAPS.layouts), sorted(CAPS.masks), sorted(CAPS.bias_types)):
+        shapes = [("self", 256, 256)]
+        if not layout_info(layout).packs_qkv:
+            shapes.append(("cross", 128, 256))
+        for kind, sq, skv in shapes:
+            yield pytest.param(layout, mask, bias, sq, skv, id=f"{layout.name}-{mask.name}-{bias.name}-{kind}")
+
+
+@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases()))
+def test_declared_combination(layout, mask, bias, sq, skv) -> None:
+    ex = te_cudnn.explain(True, BF16, BF16, layout, bias, mask, "vanilla", 0.0, 8, 8, sq, skv, 64, 64,
+                          batch_size=2, env=HOPPER_CUDNN_919)  # fmt: skip
+    expected = _documented_reasons(mask, bias, sq, skv)
+    assert ex.reasons[ARB] == expected
+    assert ex.backend is (FusedAttnBackend.No_Backend if expected else FusedAttnBackend.F16_arbitrary_seqlen)
+
+
+def test_generated_cases_cover_the_declaration() -> None:
+    ids = {p.id for p in _generated_cases()}
+    assert "bshd_bshd_bshd-causal-alibi-self" in ids
+    assert len(CAPS.layouts) == 10 and len(CAPS.masks) == 3 and len(CAPS.bias_types) == 3
+    assert len(ids) == 10 * 3 * 3 + 6 * 3 * 3  # 6 layouts not packing q with k/v also get a cross case
