@@ -324,3 +324,24 @@ def test_forced_backend_that_declines_raises():
                           qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
     with pytest.raises(tc.UnsupportedConfigError, match="padding masks arrive"):
         tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd")
+
+
+def test_direct_launch_matches_public_execute():
+    """The plan launcher's native fast path computes exactly what graph.execute computes."""
+    import cudnn
+
+    b, h, s = 2, 4, 128
+    q, k, v = make_qkv(QKVLayout.sbh3d, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="sbh3d", attn_mask_type="causal")
+    out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    plan = next(p for key, p in tc.plan_cache._entries.items() if key.config.layout == QKVLayout.sbh3d
+                and key.config.sq == s and key.direction.value == "fwd" and key.config.is_training)  # fmt: skip
+    if cudnn.__version__.startswith("1.32."):
+        assert plan.launch.direct, "frontend 1.32 should take the direct launch path"
+    out2, stats2 = torch.empty_like(out), torch.empty_like(aux[0])
+    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    handle = tc.plans.handle_for(0)
+    plan.graph.execute([q, k, v, out2, stats2], ws, handle=handle, tensor_uids=plan.uids)
+    torch.cuda.synchronize()
+    assert torch.equal(out, out2) and torch.equal(aux[0], stats2)

@@ -208,6 +208,7 @@ def host_us(n=20000) -> dict:
             F.scaled_dot_product_attention(qb, kb, vb)
 
     out = {}
+    print(f"te_cudnn plan launch: {'direct (native ordered execute)' if plan.launch.direct else 'public graph.execute'}")
     for name, fn in (("bare graph.execute", bare), ("bare execute + output allocation", bare_alloc),
                      ("te_cudnn fused_attn_fwd", call), ("torch SDPA cuDNN", torch_sdpa)):  # fmt: skip
         reps = []
