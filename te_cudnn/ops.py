@@ -143,11 +143,20 @@ _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _is_capturing = torch.cuda.is_current_stream_capturing
 
 
+_no_workspace: dict[int, torch.Tensor] = {}
+
+
 def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     """Scratch memory for one execute. Outside CUDA-graph capture, one buffer per (device,
     stream) is reused (grown when needed): work on one stream runs in order, so it is never
     shared by two kernels at once. During capture a fresh buffer from the graph's pool is
-    used, so captured graphs never point at a buffer that is later replaced."""
+    used, so captured graphs never point at a buffer that is later replaced. Plans that need
+    none (most forwards) get a 16-byte placeholder that lives as long as the process."""
+    if nbytes == 0:
+        ws = _no_workspace.get(device.index)
+        if ws is None:
+            ws = _no_workspace[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
+        return ws
     if _is_capturing():
         return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
     slot = (device.index, _current_raw_stream(device.index))

@@ -4,8 +4,9 @@ microseconds per cached call.
 
     python tools/bench.py [--configs test_0,test_1,test_3] [--json out.json]
 
-Device time: forward+backward captured in a CUDA graph and replayed (no host gaps), CUDA
-events around each replay, warm-up first, median of the repeats. Eager time (events around
+Device time: forward+backward captured 10 times in one CUDA graph and replayed (no host
+gaps), CUDA events around each replay, warm-up first, the three contenders timed in turn in
+every round, median over rounds. Eager time (events around
 eager calls, host overhead included) is reported beside it. Host time: perf_counter over many
 back-to-back cached calls on a tiny problem, where the host, not the GPU, is the bottleneck.
 """
@@ -29,23 +30,13 @@ from te_cudnn.testing import BENCHMARK_CONFIGS, BenchConfig, make_qkv, to_bhsd
 LAYOUT = tc.QKVLayout.bshd_bshd_bshd
 
 
-def median_ms(fn, iters=30, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+REPEATS_PER_GRAPH = 10
 
 
 def graphed(fn):
-    """Capture ``fn`` (after a warm-up on the capture stream) and return a replay callable."""
+    """Capture ``REPEATS_PER_GRAPH`` calls of ``fn`` (after a warm-up on the capture stream);
+    return a replay callable. Timing several iterations per replay keeps event resolution
+    and launch jitter out of sub-0.1 ms measurements."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -54,8 +45,28 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(REPEATS_PER_GRAPH):
+            fn()
     return g.replay
+
+
+def interleaved_medians(fns: dict, rounds: int) -> dict:
+    """Median ms per call of each function, timing them in turn in every round (A B C A B C
+    ...), so that clock or thermal drift affects all of them alike."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    times: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 # ------------------------------------------------------------------ the three contenders
@@ -162,17 +173,22 @@ def bench_config(cfg: BenchConfig, iters: int) -> dict:
     bias = torch.randn(cfg.bias_shape, generator=gen, device="cuda").to(q.dtype) if cfg.bias_shape else None
     d_o = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
     row: dict = {"config": cfg.name}
+    eager, replays = {}, {}
     for cls in (TeCudnn, HandBuilt, TorchSdpaCudnn):
         try:
             impl = cls(cfg, q, k, v, bias, d_o)
-            eager = median_ms(impl.fwd_bwd, iters)
-            replay = median_ms(graphed(impl.fwd_bwd), iters)
-            row[cls.name] = {"graph_ms": replay, "eager_ms": eager}
+            impl.fwd_bwd()
+            eager[cls.name] = impl.fwd_bwd
+            replays[cls.name] = graphed(impl.fwd_bwd)
             if isinstance(impl, HandBuilt):
                 row["hand_plans"] = impl.plan_names
         except Exception as exc:  # reported, never hidden
             row[cls.name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         torch.cuda.synchronize()
+    graph_ms = interleaved_medians(replays, iters)
+    eager_ms = interleaved_medians(eager, iters)
+    for name in replays:
+        row[name] = {"graph_ms": graph_ms[name] / REPEATS_PER_GRAPH, "eager_ms": eager_ms[name]}
     return row
 
 
@@ -194,10 +210,10 @@ def host_us(n=20000) -> dict:
     def bare():
         plan.graph.execute(bufs, ws, handle=handle, tensor_uids=plan.uids)
 
-    def bare_alloc():  # what a caller must add to get fresh outputs from a bare execute
-        o2 = torch.empty(q.shape, dtype=q.dtype, device=dev)
-        st2 = torch.empty((b, h, s, 1), dtype=torch.float32, device=dev)
-        plan.graph.execute([bufs[0], bufs[1], bufs[2], o2.permute(0, 2, 1, 3), st2], ws, handle=handle, tensor_uids=plan.uids)
+    def bare_alloc():  # a bare execute that allocates fresh outputs the cheapest way torch offers
+        o2 = torch.empty_like(q)
+        st2 = torch.empty_strided((b, h, s, 1), (h * s, s, 1, 1), dtype=torch.float32, device=dev)
+        plan.graph.execute([q, k, v, o2, st2], ws, handle=handle, tensor_uids=plan.uids)
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -209,7 +225,7 @@ def host_us(n=20000) -> dict:
 
     out = {}
     print(f"te_cudnn plan launch: {'direct (native ordered execute)' if plan.launch.direct else 'public graph.execute'}")
-    for name, fn in (("bare graph.execute", bare), ("bare execute + output allocation", bare_alloc),
+    for name, fn in (("bare graph.execute", bare), ("bare execute + allocating O, stats", bare_alloc),
                      ("te_cudnn fused_attn_fwd", call), ("torch SDPA cuDNN", torch_sdpa)):  # fmt: skip
         reps = []
         for _ in range(5):
@@ -229,14 +245,14 @@ def host_us(n=20000) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="test_0,test_1,test_3")
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, default=50, help="timed rounds per contender (interleaved)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     env = current_env()
     print(f"{env.describe()}; torch {torch.__version__}")
     rows = [bench_config(BENCHMARK_CONFIGS[n], args.iters) for n in args.configs.split(",")]
     names = (TeCudnn.name, HandBuilt.name, TorchSdpaCudnn.name)
-    print("\nfwd+bwd milliseconds, median (graph = CUDA-graph replay: device time; eager = events around eager calls)")
+    print("\nfwd+bwd milliseconds per iteration, median (graph = CUDA-graph replay: device time; eager = events around eager calls)")
     print(f"{'config':8}" + "".join(f"{n + ' graph':>26}{'eager':>9}" for n in names) + f"{'te/hand (graph)':>17}{'te/hand (eager)':>17}")
     for r in rows:
         line = f"{r['config']:8}"
@@ -255,7 +271,7 @@ def main(argv=None) -> int:
     for name, us in host.items():
         print(f"  {name:34} {us:7.2f}")
     print(f"  te_cudnn - bare execute:           {host['te_cudnn fused_attn_fwd'] - host['bare graph.execute']:7.2f}")
-    print(f"  te_cudnn - (bare + allocation):    {host['te_cudnn fused_attn_fwd'] - host['bare execute + output allocation']:7.2f}")
+    print(f"  te_cudnn - (bare + allocation):    {host['te_cudnn fused_attn_fwd'] - host['bare execute + allocating O, stats']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env.describe(), "rows": rows, "host_us": host}, f, indent=1)
