@@ -83,6 +83,11 @@ def _meta(t: Optional[torch.Tensor]) -> Any:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
+def _misaligned(**tensors: Optional[torch.Tensor]) -> None:
+    bad = [f"{n} (data_ptr % 16 = {t.data_ptr() % 16})" for n, t in tensors.items() if t is not None and t.data_ptr() % 16]
+    raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
+
+
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
@@ -256,6 +261,8 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())) & 15:
+        _misaligned(q=q, k=k, v=v, attn_bias=attn_bias)
     plan = prep.get_plan()
     if prep.out_like_q:
         out = torch.empty_like(q)
@@ -397,6 +404,8 @@ def fused_attn_bwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_bwd(sig, locals())
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr() | d_o.data_ptr()) & 15:
+        _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v)

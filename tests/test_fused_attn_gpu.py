@@ -345,3 +345,13 @@ def test_direct_launch_matches_public_execute():
     plan.graph.execute([q, k, v, out2, stats2], ws, handle=handle, tensor_uids=plan.uids)
     torch.cuda.synchronize()
     assert torch.equal(out, out2) and torch.equal(aux[0], stats2)
+
+
+def test_misaligned_pointer_is_rejected():
+    b, h, s = 1, 2, 64
+    buf = torch.randn(b * s * h * 64 + 1, device="cuda").to(torch.bfloat16)
+    q = buf[1:].view(b, s, h, 64)  # starts 2 bytes past an aligned address
+    k = v = torch.randn(b, s, h, 64, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte aligned.*q"):
+        tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None,
+                          qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
