@@ -335,8 +335,12 @@ def test_direct_launch_matches_public_execute():
     cu = _cu(b, s)
     kw = dict(qkv_layout="sbh3d", attn_mask_type="causal")
     out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    plan = next(p for key, p in tc.plan_cache._entries.items() if key.config.layout == QKVLayout.sbh3d
-                and key.config.sq == s and key.direction.value == "fwd" and key.config.is_training)  # fmt: skip
+    c = None
+    plan = next(
+        p for p in tc.plan_cache.plans()
+        if (c := p.key.config).layout == QKVLayout.sbh3d and c.dtype == q.dtype and c.mask.name == "causal"
+        and (c.b, c.h, c.sq, c.d_qk) == (b, h, s, 64) and p.key.direction.value == "fwd" and c.is_training
+    )  # fmt: skip
     if cudnn.__version__.startswith("1.32."):
         assert plan.launch.direct, "frontend 1.32 should take the direct launch path"
     out2, stats2 = torch.empty_like(out), torch.empty_like(aux[0])

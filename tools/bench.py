@@ -192,25 +192,34 @@ def bench_config(cfg: BenchConfig, iters: int) -> dict:
     return row
 
 
-def host_us(n=20000) -> dict:
-    """Host microseconds per cached forward call on a tiny problem (b=1, h=1, s=64, d=64)."""
+def host_us(rounds: int = 15, calls: int = 2000) -> dict:
+    """Host microseconds per cached forward call on a tiny problem (b=1, h=1, s=64, d=64),
+    for te_cudnn and for bare ``graph.execute`` on te_cudnn's own plan."""
     b, h, s, d = 1, 1, 64, 64
     q, k, v = make_qkv(LAYOUT, b, h, h, s, s, d)
     cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
     kw = dict(qkv_layout=LAYOUT.name, attn_mask_type="no_mask")
     call = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)  # noqa: E731
     call()
-    plan = next(p for key, p in tc.plan_cache._entries.items() if key.config.sq == s and key.config.h == h and key.direction.value == "fwd")
+    plan = next(
+        p for p in tc.plan_cache.plans()
+        if (p.key.config.sq, p.key.config.h, p.key.config.b, p.key.direction.value) == (s, h, b, "fwd")
+    )  # fmt: skip
+    print(f"te_cudnn plan launch: {'direct (native ordered execute)' if plan.launch.direct else 'public graph.execute'}")
     handle = handle_for(0)
     o, st = torch.empty_like(q), torch.empty(b, h, s, 1, device="cuda")
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     bufs = [to_bhsd(t, LAYOUT) for t in (q, k, v, o)] + [st]
+    pack = dict(zip(plan.uids, bufs))
     dev = torch.device("cuda", 0)
 
-    def bare():
+    def bare():  # the frontend's ordered fast path, outputs preallocated
         plan.graph.execute(bufs, ws, handle=handle, tensor_uids=plan.uids)
 
-    def bare_alloc():  # a bare execute that allocates fresh outputs the cheapest way torch offers
+    def bare_dict():  # the documented uid -> tensor form (the form gpu_findings.md measured)
+        plan.graph.execute(pack, ws, handle=handle)
+
+    def bare_alloc():  # ordered execute that allocates fresh outputs the cheapest way torch offers
         o2 = torch.empty_like(q)
         st2 = torch.empty_strided((b, h, s, 1), (h * s, s, 1, 1), dtype=torch.float32, device=dev)
         plan.graph.execute([q, k, v, o2, st2], ws, handle=handle, tensor_uids=plan.uids)
@@ -223,23 +232,27 @@ def host_us(n=20000) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             F.scaled_dot_product_attention(qb, kb, vb)
 
-    out = {}
-    print(f"te_cudnn plan launch: {'direct (native ordered execute)' if plan.launch.direct else 'public graph.execute'}")
-    for name, fn in (("bare graph.execute", bare), ("bare execute + allocating O, stats", bare_alloc),
-                     ("te_cudnn fused_attn_fwd", call), ("torch SDPA cuDNN", torch_sdpa)):  # fmt: skip
-        reps = []
-        for _ in range(5):
-            for _ in range(200):
-                fn()
-            torch.cuda.synchronize()
+    contenders = {
+        "bare graph.execute (ordered)": bare,
+        "bare graph.execute (dict)": bare_dict,
+        "bare ordered + allocating O, stats": bare_alloc,
+        "te_cudnn fused_attn_fwd": call,
+        "torch SDPA cuDNN": torch_sdpa,
+    }
+    reps: dict = {name: [] for name in contenders}
+    for fn in contenders.values():
+        for _ in range(500):
+            fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):  # interleaved rounds: machine noise hits every contender alike
+        for name, fn in contenders.items():
             t0 = time.perf_counter()
-            for _ in range(n // 5):
+            for _ in range(calls):
                 fn()
             t1 = time.perf_counter()
             torch.cuda.synchronize()
-            reps.append((t1 - t0) / (n // 5) * 1e6)
-        out[name] = statistics.median(reps)
-    return out
+            reps[name].append((t1 - t0) / calls * 1e6)
+    return {name: statistics.median(r) for name, r in reps.items()}
 
 
 def main(argv=None) -> int:
@@ -267,11 +280,10 @@ def main(argv=None) -> int:
             if "error" in r[n]:
                 print(f"   {n}: {r[n]['error']}")
     host = host_us()
-    print("\nhost microseconds per cached forward call (b=1, h=1, s=64, d=64), median of 5 x 4000 calls")
+    print("\nhost microseconds per cached forward call (b=1, h=1, s=64, d=64), median of 15 interleaved rounds x 2000 calls")
+    te = host["te_cudnn fused_attn_fwd"]
     for name, us in host.items():
-        print(f"  {name:34} {us:7.2f}")
-    print(f"  te_cudnn - bare execute:           {host['te_cudnn fused_attn_fwd'] - host['bare graph.execute']:7.2f}")
-    print(f"  te_cudnn - (bare + allocation):    {host['te_cudnn fused_attn_fwd'] - host['bare execute + allocating O, stats']:7.2f}")
+        print(f"  {name:36} {us:7.2f}" + ("" if name.startswith("te_cudnn") else f"   te_cudnn minus this: {te - us:+6.2f}"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env.describe(), "rows": rows, "host_us": host}, f, indent=1)

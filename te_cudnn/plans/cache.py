@@ -218,6 +218,16 @@ class PlanCache:
                 evictions=self._evictions,
             )
 
+    def plans(self) -> list[CompiledPlan]:
+        """The cached plans, least recently used first."""
+        with self._lock:
+            return list(self._entries.values())
+
+    def find(self, key: PlanKey) -> Optional[CompiledPlan]:
+        """The plan for ``key`` if cached, without counting a hit or touching recency."""
+        with self._lock:
+            return self._entries.get(key)
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Per-plan information, least recently used first (JSON-friendly)."""
         with self._lock:
