@@ -50,9 +50,9 @@ class _Prepared:
     stats_shape: tuple[int, ...]
     device: torch.device
     rng_increment: int
-    out_stride: tuple[int, ...] = ()
-    stats_stride: tuple[int, ...] = ()
     out_like_q: bool = False  # O can be allocated as torch.empty_like(q) (the cheapest allocation)
+    out_template: Optional[torch.Tensor] = None
+    stats_template: Optional[torch.Tensor] = None
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -88,12 +88,10 @@ def _misaligned(**tensors: Optional[torch.Tensor]) -> None:
     raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
 
 
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 1-element tensor expanded to ``shape``: ``torch.empty_like`` of it allocates a
+    contiguous tensor of that shape (non-dense inputs get contiguous results)."""
+    return torch.empty(1, dtype=dtype, device=device).expand(*shape)
 
 
 def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
@@ -250,9 +248,9 @@ def fused_attn_fwd(
         qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
         softmax_type, tuple(window_size), bottom_right_diagonal,
         None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.get_device()),
-        None if cu_seqlens_q is None else (cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_q.get_device()),
-        None if cu_seqlens_kv is None else (cu_seqlens_kv.shape, cu_seqlens_kv.dtype, cu_seqlens_kv.get_device()),
-        cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+        # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
+        # read them, so later calls only note whether they are given (two fewer C calls each).
+        cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
         d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
         and amax_s is None and amax_o is None,
         )  # fmt: skip
@@ -264,11 +262,10 @@ def fused_attn_fwd(
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())) & 15:
         _misaligned(q=q, k=k, v=v, attn_bias=attn_bias)
     plan = prep.get_plan()
-    if prep.out_like_q:
-        out = torch.empty_like(q)
-    else:
-        out = torch.empty_strided(prep.out_shape, prep.out_stride, dtype=q.dtype, device=prep.device)
-    stats = torch.empty_strided(prep.stats_shape, prep.stats_stride, dtype=torch.float32, device=prep.device)
+    # empty_like is torch's cheapest allocation; the templates are 1-element tensors expanded
+    # to the result shapes, so empty_like gives contiguous results of those shapes.
+    out = torch.empty_like(q if prep.out_like_q else prep.out_template)
+    stats = torch.empty_like(prep.stats_template)
     rng_state = _rng_state(prep, rng_gen)
     # Buffers in the builder's uid order: q, k, v, o, stats, (bias), (seed, offset). The
     # graph declares each one's BHSD geometry; execute reads only their memory, so the
@@ -319,9 +316,9 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
         device=a["q"].device,
         rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
-        out_stride=_contiguous(out_shape),
-        stats_stride=_contiguous((cfg.b, cfg.h, cfg.sq, 1)),
         out_like_q=cfg.d_v == cfg.d_qk and a["q"].is_contiguous(),
+        out_template=_template(out_shape, cfg.dtype, a["q"].device),
+        stats_template=_template((cfg.b, cfg.h, cfg.sq, 1), torch.float32, a["q"].device),
     )
     _remember(_fwd_memo, sig, prep)
     return prep
