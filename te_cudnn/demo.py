@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for p in plan_cache.snapshot():
             k = p["key"]
-            print(f"  {k['direction']} {k['backend']} sq={k['sq']} h={k['h']} d={k['d_qk']} {k['mask']}: "
+            print(f"  {k['direction']} {k['backend']} sq={k['sq']} h={k['h']} d={k['d_qk']} {k['mask']} {k['bias_type']}: "
                   f"{p['plan_name']}, workspace {p['workspace_bytes'] / 2**20:.1f} MiB, built in {p['build_ms']:.0f} ms, {p['hits']} hits")  # fmt: skip
     return status
 

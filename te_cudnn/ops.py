@@ -100,6 +100,13 @@ def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
     return FusedAttnBackend.coerce(value, argument="fused_attention_backend")
 
 
+def _require_dense(layout: QKVLayout) -> None:
+    """THD, mixed and paged layouts are recognised names without a graph builder yet."""
+    if not layout_info(layout).is_dense:
+        why = f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"
+        raise UnsupportedConfigError(f"qkv_layout={layout.name}", {b.enum: [why] for b in BY_ENUM.values()})
+
+
 def _require_cuda(cfg: AttnConfig, q: torch.Tensor) -> RuntimeEnv:
     if cfg.device < 0:
         raise ValueError(
@@ -286,11 +293,7 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    if not layout_info(layout).is_dense:
-        raise UnsupportedConfigError(
-            f"qkv_layout={layout.name}",
-            {b.enum: [f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"] for b in BY_ENUM.values()},
-        )
+    _require_dense(layout)
     cfg = describe_fwd(
         is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
@@ -424,11 +427,7 @@ def fused_attn_bwd(
 def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    if not layout_info(layout).is_dense:
-        raise UnsupportedConfigError(
-            f"qkv_layout={layout.name}",
-            {b.enum: [f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"] for b in BY_ENUM.values()},
-        )
+    _require_dense(layout)
     aux = a["aux_ctx_tensors"]
     if not isinstance(aux, (list, tuple)) or len(aux) < 2:
         raise ValueError(

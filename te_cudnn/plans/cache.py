@@ -124,19 +124,21 @@ class PlanCache:
         with self._lock:
             plan = self._entries.get(key)
             if plan is not None:
-                self._entries.move_to_end(key)
-                self._hits += 1
-                plan.hits += 1
+                self._touch(plan)
             return plan
+
+    def _touch(self, plan: CompiledPlan) -> None:
+        """Record a hit (the caller holds the lock)."""
+        self._entries.move_to_end(plan.key)
+        self._hits += 1
+        plan.hits += 1
 
     def hit(self, plan: CompiledPlan) -> bool:
         """Count a hit on a plan the caller already holds; False if it was evicted."""
         with self._lock:
             if plan.evicted:
                 return False
-            self._entries.move_to_end(plan.key)
-            self._hits += 1
-            plan.hits += 1
+            self._touch(plan)
             return True
 
     def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
@@ -145,9 +147,7 @@ class PlanCache:
             with self._lock:
                 plan = self._entries.get(key)
                 if plan is not None:
-                    self._entries.move_to_end(key)
-                    self._hits += 1
-                    plan.hits += 1
+                    self._touch(plan)
                     return plan
                 pending = self._building.get(key)
                 if pending is None:
