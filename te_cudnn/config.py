@@ -17,7 +17,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
-from .layouts import bhsd_dims, get_qkv_layout, layout_info
+from .layouts import alloc_qkv_grads, bhsd_dims, get_qkv_layout, layout_info
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
 
 __all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "F16_DTYPES", "FP8_DTYPES"]
 
@@ -56,6 +57,18 @@ class AttnConfig:
     deterministic: bool
     device: int  # CUDA device index; -1 for CPU/meta tensors (describe and validate only)
     do_stride: Optional[tuple[int, ...]] = None  # backward only
+    # Variable-length (THD) sides: b, sq/skv above are then buckets (see te_cudnn.ragged), the
+    # batch stride is a placeholder and ragged offsets address the tokens.
+    ragged_q: bool = False
+    ragged_kv: bool = False
+    max_total_q: int = 0  # token-capacity bucket of a ragged q side
+    max_total_kv: int = 0
+    stats_stride: tuple[int, ...] = ()
+    grad_strides: tuple[tuple[int, ...], ...] = ()  # dq, dk, dv as allocated, BHSD
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.ragged_q or self.ragged_kv
 
     @property
     def is_gqa(self) -> bool:
@@ -168,10 +181,22 @@ def _window(window_size: Any, mask: AttnMaskType) -> tuple[int, int]:
     return left, right
 
 
-def _format_dims(info_fmt: QKVFormat, name: str, t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _geometry(
+    fmt: QKVFormat, name: str, t: torch.Tensor, b_graph: int, s_graph: Optional[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Logical BHSD dims and strides a graph declares for tensor ``t`` in format ``fmt``.
+
+    THD tensors ``[t, h, d]`` become ``[b_graph, h, s_graph, d]`` with a placeholder batch
+    stride; ragged offsets (tokens x token stride) place each sequence.
+    """
+    if fmt == QKVFormat.thd:
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-d [t, h, d] in format thd, got shape {list(t.shape)}")
+        tok, head = t.stride(0), t.stride(1)
+        return (b_graph, t.shape[1], s_graph, t.shape[2]), (s_graph * tok, head, tok, 1)
     if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-d in format {info_fmt.name}, got shape {list(t.shape)}")
-    return bhsd_dims(info_fmt, t.shape, t.stride())
+        raise ValueError(f"{name} must be 4-d in format {fmt.name}, got shape {list(t.shape)}")
+    return bhsd_dims(fmt, t.shape, t.stride())
 
 
 def _contiguous_bhsd(fmt: QKVFormat, b: int, h: int, s: int, d: int) -> tuple[int, ...]:
@@ -192,6 +217,8 @@ def describe_fwd(
     k: Any,
     v: Any,
     qkv_dtype: Any,
+    cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+    cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
     attn_bias: Optional[torch.Tensor],
     attn_scale: Optional[float],
     dropout: Any,
@@ -203,7 +230,7 @@ def describe_fwd(
     bottom_right_diagonal: Optional[bool],
     deterministic: bool = False,
 ) -> AttnConfig:
-    """Validate a forward call and describe it. Dense (sbhd/bshd) layouts only."""
+    """Validate a forward call and describe it (dense, THD and mixed layouts; not paged)."""
     q, k, v = _tensor("q", q), _tensor("k", k), _tensor("v", v)
     layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
     info = layout_info(layout)
@@ -223,13 +250,41 @@ def describe_fwd(
     if qkv_dtype is not None and qkv_dtype != dtype and dtype in F16_DTYPES:
         raise TypeError(f"qkv_dtype={qkv_dtype} does not match q.dtype={dtype}")
 
-    (b, h, sq, d_qk), q_stride = _format_dims(info.q_format, "q", q)
-    (bk, hg, skv, dk), k_stride = _format_dims(info.kv_format, "k", k)
-    (bv, hv, sv, d_v), v_stride = _format_dims(info.kv_format, "v", v)
-    if (bk, bv) != (b, b):
-        raise ValueError(f"batch sizes differ: q has b={b}, k has b={bk}, v has b={bv} (layout {layout.name})")
+    max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
+    max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
+    ragged_q, ragged_kv = info.q_format == QKVFormat.thd, info.kv_format == QKVFormat.thd
+    if info.is_paged:
+        raise ValueError(f"qkv_layout={layout.name}: paged layouts are described by describe_paged")
+    for name, t, ragged in (("q", q, ragged_q), ("k", k, ragged_kv), ("v", v, ragged_kv)):
+        want = 3 if ragged else 4
+        if t.dim() != want:
+            fmt = info.q_format if name == "q" else info.kv_format
+            raise ValueError(f"{name} must be {want}-d in format {fmt.name}, got shape {list(t.shape)}")
+    # Batch size: from the dense side's tensors, else from cu_seqlens (THD tensors have no b).
+    if not ragged_q:
+        b = q.shape[1] if info.q_format == QKVFormat.sbhd else q.shape[0]
+    elif not ragged_kv:
+        b = k.shape[1] if info.kv_format == QKVFormat.sbhd else k.shape[0]
+    else:
+        if cu_seqlens_q is None:
+            raise ValueError(f"qkv_layout={layout.name} needs cu_seqlens_q (int32 [b+1]) to know the batch")
+        _tensor("cu_seqlens_q", cu_seqlens_q)
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+            raise ValueError(f"cu_seqlens_q must have shape [b+1] with b >= 1, got {list(cu_seqlens_q.shape)}")
+        b = cu_seqlens_q.shape[0] - 1
+    # A graph's batch dim is a bucket only when every side is ragged (dense tensors fix b).
+    b_graph = bucket_batch(b) if (ragged_q and ragged_kv) else b
+    sq_graph = bucket_seqlen(max_seqlen_q) if ragged_q else None
+    skv_graph = bucket_seqlen(max_seqlen_kv) if ragged_kv else None
+    (bq, h, sq, d_qk), q_stride = _geometry(info.q_format, "q", q, b_graph, sq_graph)
+    (bk, hg, skv, dk), k_stride = _geometry(info.kv_format, "k", k, b_graph, skv_graph)
+    (bv, hv, sv, d_v), v_stride = _geometry(info.kv_format, "v", v, b_graph, skv_graph)
+    if (bk, bv) != (bq, bq):
+        raise ValueError(f"batch sizes differ: q has b={bq}, k has b={bk}, v has b={bv} (layout {layout.name})")
     if (hv, sv) != (hg, skv):
         raise ValueError(f"k has {hg} heads x {skv} keys but v has {hv} heads x {sv} keys")
+    if ragged_kv and k.shape[0] != v.shape[0]:
+        raise ValueError(f"k holds {k.shape[0]} tokens but v holds {v.shape[0]} (layout {layout.name})")
     if dk != d_qk:
         raise ValueError(f"q head dim {d_qk} differs from k head dim {dk}")
     if hg == 0 or h % hg:
@@ -248,15 +303,38 @@ def describe_fwd(
                 f"qkv_layout={layout.name!r} but q, k, v are laid out as {actual!r}; pass views of one packed "
                 "buffer or name the layout they have"
             )
-
-    max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
-    max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
-    if max_seqlen_q != sq:
+    grads = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))
+    if ragged_q or ragged_kv:
+        # dq/dk/dv share the inputs' ragged offsets, so THD inputs need the layout's own strides.
+        for name, t, g in zip("qkv", (q, k, v), grads):
+            if t.dim() == 3 and t.stride() != g.stride():
+                raise ValueError(
+                    f"{name} has strides {tuple(t.stride())}; THD tensors of qkv_layout={layout.name} must have "
+                    f"the layout's packed strides {tuple(g.stride())} (tokens contiguous)"
+                )
+    if not ragged_q and max_seqlen_q != sq:
         raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (layout {layout.name})")
-    if max_seqlen_kv != skv:
+    if not ragged_kv and max_seqlen_kv != skv:
         raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (layout {layout.name})")
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, b, q, mask.is_padding)
-    _check_cu_seqlens("cu_seqlens_kv", cu_seqlens_kv, b, q, mask.is_padding)
+    if ragged_q and max_seqlen_q < 1 or ragged_kv and max_seqlen_kv < 1:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 1")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, b, q, mask.is_padding or ragged_q)
+    _check_cu_seqlens("cu_seqlens_kv", cu_seqlens_kv, b, q, mask.is_padding or ragged_kv)
+    for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        if t is not None:
+            _check_cu_seqlens(name, t, b, q, False)
+    grad_strides = tuple(
+        _geometry(fmt, n, g, b_graph, s_graph)[1]
+        for n, g, fmt, s_graph in zip(
+            ("dq", "dk", "dv"), grads, (info.q_format, info.kv_format, info.kv_format), (sq_graph, skv_graph, skv_graph)
+        )
+    )
+    if ragged_q:
+        o_stride = (sq * h * d_v, d_v, h * d_v, 1)  # [t, h, d_v] token-major
+        stats_stride = (sq * h, 1, h, 1)  # [t, h, 1] token-major
+    else:
+        o_stride = _contiguous_bhsd(info.q_format, b, h, sq, d_v)
+        stats_stride = (h * sq, sq, 1, 1)
 
     bias_shape = bias_stride = None
     if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
@@ -297,7 +375,7 @@ def describe_fwd(
     return AttnConfig(
         dtype=dtype,
         layout=layout,
-        b=b,
+        b=bq,
         h=h,
         hg=hg,
         sq=sq,
@@ -307,7 +385,7 @@ def describe_fwd(
         q_stride=q_stride,
         k_stride=k_stride,
         v_stride=v_stride,
-        o_stride=_contiguous_bhsd(info.q_format, b, h, sq, d_v),
+        o_stride=o_stride,
         mask=mask,
         bias_type=bias_type,
         bias_shape=bias_shape,
@@ -320,6 +398,12 @@ def describe_fwd(
         attn_scale=attn_scale,
         deterministic=bool(deterministic),
         device=_device_index(q),
+        ragged_q=ragged_q,
+        ragged_kv=ragged_kv,
+        max_total_q=bucket_tokens(q.shape[0]) if ragged_q else 0,
+        max_total_kv=bucket_tokens(k.shape[0]) if ragged_kv else 0,
+        stats_stride=stats_stride,
+        grad_strides=grad_strides,
     )
 
 
@@ -354,7 +438,7 @@ def describe_bwd(
             f"fused_attn_fwd; got {len(aux_ctx_tensors)} tensor(s)"
         )
     stats, rng_state = _tensor("aux_ctx_tensors[0]", aux_ctx_tensors[0]), _tensor("aux_ctx_tensors[1]", aux_ctx_tensors[1])
-    stats_shape = (fwd.b, fwd.h, fwd.sq, 1)
+    stats_shape = (q.shape[0], fwd.h, 1) if fwd.ragged_q else (fwd.b, fwd.h, fwd.sq, 1)
     if stats.dtype != torch.float32 or tuple(stats.shape) != stats_shape or not stats.is_contiguous():
         raise ValueError(
             f"aux_ctx_tensors[0] (softmax stats) must be a contiguous float32 {list(stats_shape)} tensor, got "
@@ -369,8 +453,13 @@ def describe_bwd(
         bias = _tensor("aux_ctx_tensors[2]", aux_ctx_tensors[2])
         if tuple(bias.shape) != fwd.bias_shape or tuple(bias.stride()) != fwd.bias_stride:
             raise ValueError(f"aux_ctx_tensors[2] (bias) must match the forward's attn_bias {list(fwd.bias_shape or ())}")
-    _, do_stride = bhsd_dims(info.q_format, d_o.shape, d_o.stride())
-    _, o_stride = bhsd_dims(info.q_format, o.shape, o.stride())
+    _, do_stride = _geometry(info.q_format, "d_o", d_o, fwd.b, fwd.sq)
+    _, o_stride = _geometry(info.q_format, "o", o, fwd.b, fwd.sq)
+    if fwd.ragged_q and (tuple(o.stride()) != (fwd.h * fwd.d_v, fwd.d_v, 1) or tuple(d_o.stride()) != tuple(o.stride())):
+        raise ValueError(
+            f"o and d_o of a THD layout must be contiguous [t, h, d_v] (they share ragged offsets); got strides "
+            f"{tuple(o.stride())} and {tuple(d_o.stride())}"
+        )
     cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride)
     return cfg, stats, rng_state, bias
 
@@ -406,10 +495,11 @@ def describe_shapes(
 
     layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
     info = layout_info(layout)
-    if not info.is_dense:
-        raise ValueError(f"qkv_layout={layout.name}: sizes-only descriptions cover the dense sbhd/bshd layouts")
+    if layout.value >= 15:
+        raise ValueError(f"qkv_layout={layout.name}: sizes-only descriptions cover the 15 core layouts")
     if dtype not in F16_DTYPES + FP8_DTYPES:
         raise TypeError(f"dtype={dtype}; fused attention takes float16, bfloat16 or float8")
+    ragged = info.q_format == QKVFormat.thd
     b, h, hg = (_scalar(n, x, int) for n, x in (("batch_size", batch_size), ("num_attn_heads", num_attn_heads), ("num_gqa_groups", num_gqa_groups)))
     sq, skv = _scalar("max_seqlen_q", max_seqlen_q, int), _scalar("max_seqlen_kv", max_seqlen_kv, int)
     d_qk, d_v = _scalar("head_dim_qk", head_dim_qk, int), _scalar("head_dim_v", head_dim_v, int)
@@ -430,6 +520,9 @@ def describe_shapes(
         stride = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
     else:
         shape = stride = None
+    total_q, total_kv = b * sq, b * skv  # THD token counts assumed from the sizes
+    if ragged:  # graph sizes are buckets; see te_cudnn.ragged
+        b, sq, skv = bucket_batch(b), bucket_seqlen(sq), bucket_seqlen(skv)
     st = layout_strides(layout, b, h, hg, sq, skv, d_qk, d_v)
     dropout = _scalar("dropout", dropout, float)
     if not 0.0 <= dropout < 1.0:
@@ -445,4 +538,8 @@ def describe_shapes(
         bottom_right_diagonal=mask.is_bottom_right,
         attn_scale=float(attn_scale) if attn_scale is not None else 1.0 / math.sqrt(d_qk),
         deterministic=bool(deterministic), device=device,
+        ragged_q=ragged, ragged_kv=ragged,
+        max_total_q=bucket_tokens(total_q) if ragged else 0, max_total_kv=bucket_tokens(total_kv) if ragged else 0,
+        stats_stride=(sq * h, 1, h, 1) if ragged else (h * sq, sq, 1, 1),
+        grad_strides=(st["q"], st["k"], st["v"]),
     )  # fmt: skip

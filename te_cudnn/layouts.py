@@ -161,8 +161,9 @@ def layout_strides(
     return {"q": q, "k": k, "v": v, "o": o}
 
 
-def _empty(shape: Sequence[int], like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+def _empty(shape: Sequence[int], like: torch.Tensor, dtype: torch.dtype | None = None, zero: bool = False) -> torch.Tensor:
+    make = torch.zeros if zero else torch.empty
+    return make(tuple(shape), dtype=dtype or like.dtype, device=like.device)
 
 
 def alloc_output(q: torch.Tensor, d_v: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -181,23 +182,24 @@ def packed_qkv_views(buffer: torch.Tensor, group: QKVLayoutGroup) -> tuple[torch
 
 
 def alloc_qkv_grads(
-    layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zero: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv in the layout's own format: views of one packed buffer where it packs."""
+    """dq, dk, dv in the layout's own format: views of one packed buffer where it packs.
+    ``zero=True`` zero-fills them (variable-length batches leave padding positions zero)."""
     g = _INFOS[layout].group
     if g == QKVLayoutGroup.L_3HD:
-        buf = _empty((*q.shape[:-2], 3, *q.shape[-2:]), q)
+        buf = _empty((*q.shape[:-2], 3, *q.shape[-2:]), q, zero=zero)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
     if g == QKVLayoutGroup.L_H3D:
-        buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q)
+        buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q, zero=zero)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
-    dq = _empty(q.shape, q)
+    dq = _empty(q.shape, q, zero=zero)
     if g == QKVLayoutGroup.L_HD_2HD:
-        dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k), g)
+        dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k, zero=zero), g)
     elif g == QKVLayoutGroup.L_HD_H2D:
-        dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k), g)
+        dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k, zero=zero), g)
     else:
-        dk, dv = _empty(k.shape, k), _empty(v.shape, v)
+        dk, dv = _empty(k.shape, k, zero=zero), _empty(v.shape, v, zero=zero)
     return dq, dk, dv
 
 

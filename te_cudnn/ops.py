@@ -32,6 +32,7 @@ from .errors import UnsupportedConfigError
 from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.handles import current_raw_stream as _current_raw_stream
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, offsets_view, ragged_offsets, seq_lens
 from .runtime import RuntimeEnv, current_env, frontend_version
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation"]
@@ -53,6 +54,9 @@ class _Prepared:
     out_like_q: bool = False  # O can be allocated as torch.empty_like(q) (the cheapest allocation)
     out_template: Optional[torch.Tensor] = None
     stats_template: Optional[torch.Tensor] = None
+    varlen: bool = False  # padding mask or THD: per-call lengths/offsets, zero-filled results
+    mult_q: Optional[torch.Tensor] = None  # elements per token of q, o, stats (THD q side)
+    mult_kv: Optional[torch.Tensor] = None  # elements per token of k, v (THD kv side)
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -88,6 +92,44 @@ def _misaligned(**tensors: Optional[torch.Tensor]) -> None:
     raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
 
 
+def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
+    """Signature sizes of a call with THD tensors: only the buckets a plan sees (token counts,
+    batch and max sequence lengths vary per batch and are runtime data), plus the equalities
+    the first validation relied on."""
+    return (
+        bucket_tokens(qs[0]) if len(qs) == 3 else qs, qs[1:], bucket_tokens(ks[0]) if len(ks) == 3 else ks, ks[1:],
+        vs[1:], ks[0] == vs[0], bucket_seqlen(max_seqlen_q) if len(qs) == 3 else max_seqlen_q,
+        bucket_seqlen(max_seqlen_kv) if len(ks) == 3 else max_seqlen_kv,
+        None if cu_q is None else bucket_batch(cu_q.shape[0] - 1), None if cu_kv is None else cu_kv.shape == cu_q.shape,
+        cu_q.shape if cu_q is not None and (len(qs) == 4 or len(ks) == 4) else None,
+    )  # fmt: skip
+
+
+def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
+    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order (no host sync)."""
+    cfg, out = prep.cfg, []
+    if cfg.mask.is_padding:
+        out += [seq_lens(cu_q, cfg.b), seq_lens(cu_kv, cfg.b)]
+    if cfg.ragged_q:
+        off = ragged_offsets(cu_q if cu_q_padded is None else cu_q_padded, prep.mult_q, cfg.b)
+        out += [offsets_view(off, 0), offsets_view(off, 1), offsets_view(off, 2)]
+    if cfg.ragged_kv:
+        off = ragged_offsets(cu_kv if cu_kv_padded is None else cu_kv_padded, prep.mult_kv, cfg.b)
+        out += [offsets_view(off, 0), offsets_view(off, 1)]
+    return out
+
+
+def _mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[torch.Tensor]]:
+    """Elements per token of each THD tensor (its token stride), as device int64 vectors:
+    q side [q, o, stats], kv side [k, v]."""
+    mq = mkv = None
+    if cfg.ragged_q:
+        mq = torch.tensor([cfg.q_stride[2], cfg.h * cfg.d_v, cfg.h], dtype=torch.int64, device=device)
+    if cfg.ragged_kv:
+        mkv = torch.tensor([cfg.k_stride[2], cfg.v_stride[2]], dtype=torch.int64, device=device)
+    return {"mult_q": mq, "mult_kv": mkv}
+
+
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A 1-element tensor expanded to ``shape``: ``torch.empty_like`` of it allocates a
     contiguous tensor of that shape (non-dense inputs get contiguous results)."""
@@ -100,10 +142,10 @@ def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
     return FusedAttnBackend.coerce(value, argument="fused_attention_backend")
 
 
-def _require_dense(layout: QKVLayout) -> None:
-    """THD, mixed and paged layouts are recognised names without a graph builder yet."""
-    if not layout_info(layout).is_dense:
-        why = f"qkv_layout={layout.name}: THD, mixed and paged layouts arrive with issue #3"
+def _require_not_paged(layout: QKVLayout) -> None:
+    """Paged-KV layouts are recognised names without a graph builder yet."""
+    if layout_info(layout).is_paged:
+        why = f"qkv_layout={layout.name}: paged KV caches are not implemented yet (issue #3)"
         raise UnsupportedConfigError(f"qkv_layout={layout.name}", {b.enum: [why] for b in BY_ENUM.values()})
 
 
@@ -249,9 +291,14 @@ def fused_attn_fwd(
         GraphBuildError: cuDNN declined to plan the graph.
     """
     try:
+        qs, ks, vs = q.shape, k.shape, v.shape
+        sizes = (
+            (qs, ks, vs, max_seqlen_q, max_seqlen_kv) if len(qs) == 4 and len(ks) == 4
+            else _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv)
+        )  # fmt: skip
         sig: Optional[tuple] = (
-        q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-        v.shape, v.stride(), v.dtype, v.get_device(), is_training, max_seqlen_q, max_seqlen_kv,
+        sizes, q.stride(), q.dtype, q.get_device(), k.stride(), k.dtype, k.get_device(),
+        v.stride(), v.dtype, v.get_device(), is_training,
         qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
         softmax_type, tuple(window_size), bottom_right_diagonal,
         None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.get_device()),
@@ -269,10 +316,18 @@ def fused_attn_fwd(
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())) & 15:
         _misaligned(q=q, k=k, v=v, attn_bias=attn_bias)
     plan = prep.get_plan()
-    # empty_like is torch's cheapest allocation; the templates are 1-element tensors expanded
-    # to the result shapes, so empty_like gives contiguous results of those shapes.
-    out = torch.empty_like(q if prep.out_like_q else prep.out_template)
-    stats = torch.empty_like(prep.stats_template)
+    cfg = prep.cfg
+    if cfg.ragged_q:  # sizes vary per call; padding tokens stay zero (TE zero-fills THD outputs)
+        out = torch.zeros((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device)
+        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
+    elif prep.varlen:
+        out = torch.zeros_like(q if prep.out_like_q else prep.out_template)
+        stats = torch.empty_like(prep.stats_template)
+    else:
+        # empty_like is torch's cheapest allocation; the templates are 1-element tensors
+        # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
+        out = torch.empty_like(q if prep.out_like_q else prep.out_template)
+        stats = torch.empty_like(prep.stats_template)
     rng_state = _rng_state(prep, rng_gen)
     # Buffers in the builder's uid order: q, k, v, o, stats, (bias), (seed, offset). The
     # graph declares each one's BHSD geometry; execute reads only their memory, so the
@@ -282,6 +337,8 @@ def fused_attn_fwd(
         buffers.append(attn_bias)
     if prep.rng_increment:
         buffers.extend(_seed_offset(rng_state))
+    if prep.varlen:
+        buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _execute(plan, buffers, prep.device)
     aux = [stats, rng_state]
     if attn_bias is not None:
@@ -293,11 +350,12 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    _require_dense(layout)
+    _require_not_paged(layout)
     cfg = describe_fwd(
         is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
         qkv_dtype=a["qkv_dtype"], attn_bias=a["attn_bias"], attn_scale=a["attn_scale"], dropout=a["dropout"],
+        cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
         qkv_layout=layout, attn_bias_type=a["attn_bias_type"], attn_mask_type=a["attn_mask_type"],
         softmax_type=a["softmax_type"], window_size=a["window_size"],
         bottom_right_diagonal=a["bottom_right_diagonal"],
@@ -322,6 +380,8 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         out_like_q=cfg.d_v == cfg.d_qk and a["q"].is_contiguous(),
         out_template=_template(out_shape, cfg.dtype, a["q"].device),
         stats_template=_template((cfg.b, cfg.h, cfg.sq, 1), torch.float32, a["q"].device),
+        varlen=cfg.mask.is_padding or cfg.is_ragged,
+        **_mult_fields(cfg, a["q"].device),
     )
     _remember(_fwd_memo, sig, prep)
     return prep
@@ -389,9 +449,11 @@ def fused_attn_bwd(
     """
     try:
         sig: Optional[tuple] = (
-        q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-        v.shape, v.stride(), v.dtype, v.get_device(), o.shape, o.stride(), o.dtype, o.get_device(),
-        d_o.shape, d_o.stride(), d_o.dtype, d_o.get_device(), max_seqlen_q, max_seqlen_kv, qkv_dtype,
+        (q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv) if q.dim() == 4 and k.dim() == 4
+        else _thd_sizes(q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv),
+        q.stride(), q.dtype, q.get_device(), k.stride(), k.dtype, k.get_device(),
+        v.stride(), v.dtype, v.get_device(), o.stride(), o.dtype, o.get_device(),
+        d_o.stride(), d_o.dtype, d_o.get_device(), qkv_dtype,
         fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
         tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
         len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:3]),
@@ -408,7 +470,7 @@ def fused_attn_bwd(
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
-    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v)
+    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen)
     # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
     buffers = [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv]
     dbias = None
@@ -420,6 +482,8 @@ def fused_attn_bwd(
             buffers.append(dbias)
     if cfg.has_dropout:
         buffers.extend(_seed_offset(aux_ctx_tensors[1]))
+    if prep.varlen:
+        buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _execute(plan, buffers, prep.device)
     return [dq, dk, dv, dbias]
 
@@ -427,7 +491,7 @@ def fused_attn_bwd(
 def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    _require_dense(layout)
+    _require_not_paged(layout)
     aux = a["aux_ctx_tensors"]
     if not isinstance(aux, (list, tuple)) or len(aux) < 2:
         raise ValueError(
@@ -446,6 +510,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
         qkv_dtype=a["qkv_dtype"], attn_bias=aux[2] if needs_bias and len(aux) > 2 else None,
         attn_scale=a["attn_scale"], dropout=a["dropout"], qkv_layout=layout, attn_bias_type=bias_type,
+        cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
         attn_mask_type=a["attn_mask_type"], softmax_type=a["softmax_type"], window_size=a["window_size"],
         bottom_right_diagonal=a["bottom_right_diagonal"],
     )  # fmt: skip
@@ -465,6 +530,8 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
         device=a["q"].device,
         rng_increment=0,
+        varlen=cfg.mask.is_padding or cfg.is_ragged,
+        **_mult_fields(cfg, a["q"].device),
     )
     _remember(_bwd_memo, sig, prep)
     return prep

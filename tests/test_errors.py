@@ -242,20 +242,30 @@ def _check_all_backends_named(err: UnsupportedConfigError) -> None:
     assert "issue #3" in msg
 
 
-def test_fwd_thd_layout_unsupported() -> None:
+def test_fwd_thd_layout_needs_cuda_after_validation() -> None:
+    """THD layouts are served: a valid CPU call validates, then asks for a CUDA device."""
     cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
-    with pytest.raises(UnsupportedConfigError, match=r"^No cuDNN fused-attention sub-backend supports qkv_layout=thd_thd_thd") as ei:
+    with pytest.raises(ValueError, match="executes on CUDA devices"):
         fwd(**_thd_tensors(), qkv_layout="thd_thd_thd", attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+
+
+def test_paged_layout_unsupported() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"qkv_layout=paged_kv_bshd_bshd_bshd") as ei:
+        fwd(qkv_layout="paged_kv_bshd_bshd_bshd", attn_mask_type="padding")
     _check_all_backends_named(ei.value)
 
 
-def test_bwd_thd_layout_unsupported() -> None:
-    cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
-    o = _t(B * S, H, D)
-    with pytest.raises(UnsupportedConfigError, match=r"qkv_layout=thd_thd_thd") as ei:
-        bwd(**_thd_tensors(), o=o, d_o=o, qkv_layout="thd_thd_thd", attn_mask_type="padding",
-            cu_seqlens_q=cu, cu_seqlens_kv=cu)  # fmt: skip
-    _check_all_backends_named(ei.value)
+def test_thd_without_padding_mask_is_declined_with_reason() -> None:
+    from te_cudnn.backends import REGISTRY, Direction
+    from te_cudnn.config import describe_shapes
+    from te_cudnn.runtime import HOPPER_CUDNN_919
+
+    cfg = describe_shapes(is_training=True, dtype=torch.bfloat16, qkv_layout="thd_thd_thd", attn_bias_type="no_bias",
+                          attn_mask_type="causal", softmax_type="vanilla", dropout=0.0, num_attn_heads=H,
+                          num_gqa_groups=H, max_seqlen_q=S, max_seqlen_kv=S, head_dim_qk=D, head_dim_v=D,
+                          window_size=(-1, -1), batch_size=B)  # fmt: skip
+    why = REGISTRY[0].not_supported_reasons(cfg, HOPPER_CUDNN_919, Direction.FWD)
+    assert any("needs a padding mask" in r for r in why), why
 
 
 # ----------------------------------------------------------------------------- backward errors

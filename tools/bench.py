@@ -255,6 +255,55 @@ def host_us(rounds: int = 15, calls: int = 2000) -> dict:
     return {name: statistics.median(r) for name, r in reps.items()}
 
 
+def varlen_bench(iters: int) -> dict:
+    """fwd+bwd of a THD batch vs the same tokens padded to bshd (padding_causal, bf16), and the
+    plans a 50-batch random-composition THD loop builds."""
+    import random
+
+    rng = random.Random(7)
+    b, h, d, s_max = 8, 16, 128, 2048
+    lengths = [rng.randint(256, s_max) for _ in range(b)]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+    t = int(cu[-1])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, d_o = (torch.randn(t, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    padded = []
+    for x in (q, k, v, d_o):
+        p = torch.zeros(b, s_max, h, d, device="cuda", dtype=torch.bfloat16)
+        for i, n in enumerate(lengths):
+            p[i, :n] = x[int(cu[i]):int(cu[i]) + n]
+        padded.append(p)
+    qp, kp, vp, dop = padded
+
+    def run(layout, q_, k_, v_, do_):
+        kw = dict(qkv_layout=layout, attn_mask_type="padding_causal")
+        out, aux = tc.fused_attn_fwd(True, s_max, s_max, cu, cu, q_, k_, v_, q_.dtype, None, **kw)
+        return tc.fused_attn_bwd(s_max, s_max, cu, cu, q_, k_, v_, out, do_, q_.dtype, aux, None, **kw)
+
+    fns = {"THD (thd_thd_thd)": lambda: run("thd_thd_thd", q, k, v, d_o),
+           "padded bshd (bshd_bshd_bshd)": lambda: run("bshd_bshd_bshd", qp, kp, vp, dop)}  # fmt: skip
+    for fn in fns.values():
+        fn()
+    replays = {name: graphed(fn) for name, fn in fns.items()}
+    graph_ms = interleaved_medians(replays, iters)
+    eager_ms = interleaved_medians(fns, iters)
+    res = {"lengths": lengths, "tokens": t, "padded_tokens": b * s_max}
+    for name in fns:
+        res[name] = {"graph_ms": graph_ms[name] / REPEATS_PER_GRAPH, "eager_ms": eager_ms[name]}
+
+    before = tc.plan_cache.stats().builds
+    for i in range(50):
+        n = rng.randint(1, 8)
+        lens = [rng.randint(1, 256) for _ in range(n)]
+        cu_i = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+        x = torch.randn(int(cu_i[-1]), 4, 64, device="cuda").to(torch.bfloat16)
+        kw = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal")
+        out, aux = tc.fused_attn_fwd(True, 256, 256, cu_i, cu_i, x, x, x, x.dtype, None, **kw)
+        tc.fused_attn_bwd(256, 256, cu_i, cu_i, x, x, x, out, out, x.dtype, aux, None, **kw)
+    res["plans_built_50_batches"] = tc.plan_cache.stats().builds - before
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="test_0,test_1,test_3")
@@ -284,9 +333,17 @@ def main(argv=None) -> int:
     te = host["te_cudnn fused_attn_fwd"]
     for name, us in host.items():
         print(f"  {name:36} {us:7.2f}" + ("" if name.startswith("te_cudnn") else f"   te_cudnn minus this: {te - us:+6.2f}"))
+    vl = varlen_bench(args.iters)
+    print(f"\nvariable length: {len(vl['lengths'])} sequences, {vl['tokens']} tokens ({vl['padded_tokens']} when padded "
+          f"to 2048), h=16, d=128, bf16, padding_causal, fwd+bwd ms per iteration (median)")  # fmt: skip
+    for name in ("THD (thd_thd_thd)", "padded bshd (bshd_bshd_bshd)"):
+        print(f"  {name:30} graph {vl[name]['graph_ms']:8.4f}   eager {vl[name]['eager_ms']:8.4f}")
+    thd, pad = vl["THD (thd_thd_thd)"], vl["padded bshd (bshd_bshd_bshd)"]
+    print(f"  THD / padded: graph {thd['graph_ms'] / pad['graph_ms']:.3f}, eager {thd['eager_ms'] / pad['eager_ms']:.3f}")
+    print(f"  plans built over 50 random-composition THD batches (1-8 sequences of 1-256 tokens): {vl['plans_built_50_batches']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env.describe(), "rows": rows, "host_us": host}, f, indent=1)
+            json.dump({"env": env.describe(), "rows": rows, "host_us": host, "varlen": vl}, f, indent=1)
     return 0
 
 

@@ -45,10 +45,16 @@ class Uid:
     DK = 13
     DV = 14
     DBIAS = 15
+    RAGGED_Q = 16  # ragged offsets (elements) of THD tensors, [B + 1, 1, 1, 1] int64
+    RAGGED_K = 17
+    RAGGED_V = 18
+    RAGGED_O = 19
+    RAGGED_STATS = 20
 
     NAMES = {
         1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
         9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
+        16: "ragged_q", 17: "ragged_k", 18: "ragged_v", 19: "ragged_o", 20: "ragged_stats",
     }  # fmt: skip
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ..config import AttnConfig
-from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, SoftmaxType
-from ..layouts import DENSE_LAYOUTS, layout_strides
+from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
+from ..layouts import layout_info
 from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
@@ -26,8 +26,8 @@ class F16ArbitrarySeqlen(SubBackend):
     enum = FusedAttnBackend.F16_arbitrary_seqlen
     caps = Capabilities(
         dtypes=frozenset({torch.float16, torch.bfloat16}),
-        layouts=frozenset(DENSE_LAYOUTS),
-        masks=frozenset({AttnMaskType.no_mask, AttnMaskType.causal, AttnMaskType.causal_bottom_right}),
+        layouts=frozenset(l for l in QKVLayout if not layout_info(l).is_paged and l != QKVLayout.bhsd_bhsd_bhsd),
+        masks=frozenset(m for m in AttnMaskType if m != AttnMaskType.arbitrary),
         bias_types=frozenset({AttnBiasType.no_bias, AttnBiasType.post_scale_bias, AttnBiasType.alibi}),
         softmax_types=frozenset({SoftmaxType.vanilla}),
         head_dim_multiple=8,
@@ -35,14 +35,23 @@ class F16ArbitrarySeqlen(SubBackend):
         min_sm=80,
         min_cudnn=90000,
         bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
-        tracking_issue="padding masks, THD and paged layouts: issue #3",
+        tracking_issue="paged KV layouts: issue #3",
     )
 
     # ------------------------------------------------------------------ rules
     def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
         why: list[str] = []
-        if cfg.mask.is_padding:
-            why.append(f"attn_mask_type={cfg.mask.name}: padding masks arrive with variable-length support (issue #3)")
+        if cfg.is_ragged and not cfg.mask.is_padding:
+            why.append(
+                f"qkv_layout={cfg.layout.name} (THD) needs a padding mask (padding, padding_causal or "
+                f"padding_causal_bottom_right), got attn_mask_type={cfg.mask.name}"
+            )
+        if cfg.is_ragged and env.sm is not None and env.sm < 90:
+            why.append(f"THD layouts need sm90 or newer, got sm{env.sm}")
+        if cfg.is_ragged and cfg.is_gqa and env.cudnn_version is not None and env.cudnn_version < 90600:
+            why.append("THD with grouped-query attention needs cuDNN 9.6 or newer")
+        if cfg.mask.is_padding and cfg.bias_type == AttnBiasType.post_scale_bias:
+            why.append(f"attn_mask_type={cfg.mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
         if cfg.sq == 1 and cfg.skv == 1 and (cfg.is_training or direction == Direction.BWD):
             why.append("cuDNN's SDPA backward does not support sq = skv = 1")
         why.extend(self._head_dim_reasons(cfg, env, direction))
@@ -55,12 +64,15 @@ class F16ArbitrarySeqlen(SubBackend):
                 f"(a bias broadcast over queries, 111s, is not fused)"
             )
         if cfg.bias_type == AttnBiasType.alibi:
-            if not cfg.mask.is_causal:
-                why.append(f"alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type={cfg.mask.name}")
+            if not cfg.mask.is_causal or cfg.mask.is_padding:
+                why.append(
+                    f"alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; "
+                    f"TransformerEngine does not fuse it with padding), got {cfg.mask.name}"
+                )
             if env.sm is not None and env.sm < 90:
                 why.append(f"alibi needs sm90 or newer, got sm{env.sm}")
         if bottom_right and cfg.mask.is_causal:
-            if cfg.sq > cfg.skv:
+            if cfg.sq > cfg.skv and not cfg.mask.is_padding:
                 why.append(f"causal_bottom_right needs sq <= skv, got sq={cfg.sq} > skv={cfg.skv}")
             if cfg.bias_type != AttnBiasType.no_bias:
                 why.append(f"causal_bottom_right with sq != skv cannot take attn_bias_type={cfg.bias_type.name}")
@@ -71,7 +83,7 @@ class F16ArbitrarySeqlen(SubBackend):
                 why.append(f"sliding window {cfg.window} cannot take attn_bias_type={cfg.bias_type.name}")
             if cfg.has_dropout:
                 why.append(f"sliding window {cfg.window} cannot take dropout")
-            if cfg.sq > cfg.skv:
+            if cfg.sq > cfg.skv and not cfg.mask.is_padding:
                 why.append(f"sliding window {cfg.window} needs sq <= skv, got sq={cfg.sq}, skv={cfg.skv}")
         if direction == Direction.BWD and cfg.deterministic and env.sm is not None and env.sm < 90:
             why.append(f"a deterministic backward needs sm90 or newer, got sm{env.sm}")
@@ -98,8 +110,9 @@ class F16ArbitrarySeqlen(SubBackend):
 
     @staticmethod
     def _effective_bottom_right(cfg: AttnConfig) -> bool:
-        """TE demotes bottom-right alignment to top-left when sq == skv (identical masks)."""
-        return cfg.bottom_right_diagonal and cfg.sq != cfg.skv
+        """TE demotes bottom-right alignment to top-left when sq == skv and no padding mask
+        makes per-sequence lengths differ (the masks are then identical)."""
+        return cfg.bottom_right_diagonal and (cfg.sq != cfg.skv or cfg.mask.is_padding)
 
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
         from ..enums import BACKEND_F16arb_ELTS_PER_THREADS
@@ -122,12 +135,40 @@ class F16ArbitrarySeqlen(SubBackend):
             )
         if cfg.bias_type == AttnBiasType.alibi:
             kw["use_alibi_mask"] = True
+        if cfg.mask.is_padding:
+            i32 = cudnn.data_type.INT32
+            dims = [cfg.b, 1, 1, 1]
+            kw["use_padding_mask"] = True
+            kw["seq_len_q"] = graph.tensor(name="seq_len_q", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_Q)
+            kw["seq_len_kv"] = graph.tensor(name="seq_len_kv", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_KV)
         if cfg.has_dropout:
             i64 = cudnn.data_type.INT64
             seed = graph.tensor(name="seed", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.SEED)
             offset = graph.tensor(name="offset", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.OFFSET)
             kw["dropout"] = (cfg.dropout, seed, offset)
         return kw
+
+    @staticmethod
+    def _ragged(g: Any, cfg: AttnConfig) -> dict[int, Any]:
+        """Ragged-offset tensors of the THD sides, by the uid of the tensor they place."""
+        i64 = cudnn_module().data_type.INT64
+        uids = ([Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS] if cfg.ragged_q else []) + (
+            [Uid.RAGGED_K, Uid.RAGGED_V] if cfg.ragged_kv else []
+        )
+        return {
+            uid: g.tensor(name=Uid.NAMES[uid], dim=[cfg.b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=uid)
+            for uid in uids
+        }
+
+    @staticmethod
+    def runtime_uids(cfg: AttnConfig) -> list[int]:
+        """Uids of per-call runtime tensors, in the order the graphs list them last."""
+        uids = [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV] if cfg.mask.is_padding else []
+        if cfg.ragged_q:
+            uids += [Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS]
+        if cfg.ragged_kv:
+            uids += [Uid.RAGGED_K, Uid.RAGGED_V]
+        return uids
 
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
         cudnn = cudnn_module()
@@ -140,45 +181,59 @@ class F16ArbitrarySeqlen(SubBackend):
             compute_data_type=cudnn.data_type.FLOAT,
             **kwargs,
         )
-        q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
-        k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
-        v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)
+        rag = self._ragged(g, cfg)
+        q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q,
+                     ragged_offset=rag.get(Uid.RAGGED_Q))  # fmt: skip
+        k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K,
+                     ragged_offset=rag.get(Uid.RAGGED_K))  # fmt: skip
+        v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V,
+                     ragged_offset=rag.get(Uid.RAGGED_V))  # fmt: skip
         bias = None
         if cfg.bias_type == AttnBiasType.post_scale_bias:
             bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
-        return g, q, k, v, bias
+        return g, q, k, v, bias, rag
 
-    def _stats_dims(self, cfg: AttnConfig) -> tuple[list[int], list[int]]:
-        return [cfg.b, cfg.h, cfg.sq, 1], [cfg.h * cfg.sq, cfg.sq, 1, 1]
+    def _tail_uids(self, cfg: AttnConfig, bias: Any, dbias: Any = None) -> list[int]:
+        """Optional operands, in the order ops.py binds them after the fixed ones."""
+        uids = [Uid.BIAS] if bias is not None else []
+        if dbias is not None:
+            uids.append(Uid.DBIAS)
+        if cfg.has_dropout:
+            uids += [Uid.SEED, Uid.OFFSET]
+        return uids + self.runtime_uids(cfg)
 
     def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
-        g, q, k, v, bias = self._graph(cfg, handle, Direction.FWD)
+        g, q, k, v, bias, rag = self._graph(cfg, handle, Direction.FWD)
         kw = self._mask_kwargs(cfg, g)
         if bias is not None:
             kw["bias"] = bias
         # TE generates the stats in inference too: aux_ctx_tensors always carries them.
         o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **kw)
         o.set_output(True).set_uid(Uid.O).set_dim([cfg.b, cfg.h, cfg.sq, cfg.d_v]).set_stride(list(cfg.o_stride))
-        dims, strides = self._stats_dims(cfg)
-        stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT).set_dim(dims).set_stride(strides)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
-        if bias is not None:
-            uids.append(Uid.BIAS)
-        if cfg.has_dropout:
-            uids += [Uid.SEED, Uid.OFFSET]
+        stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT)
+        stats.set_dim([cfg.b, cfg.h, cfg.sq, 1]).set_stride(list(cfg.stats_stride))
+        if cfg.ragged_q:
+            o.set_ragged_offset(rag[Uid.RAGGED_O])
+            stats.set_ragged_offset(rag[Uid.RAGGED_STATS])
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS] + self._tail_uids(cfg, bias)
         return GraphSpec(g, tuple(uids), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
         io = torch_dtype_to_cudnn(cfg.dtype)
-        g, q, k, v, bias = self._graph(cfg, handle, Direction.BWD)
+        g, q, k, v, bias, rag = self._graph(cfg, handle, Direction.BWD)
         o_dims = [cfg.b, cfg.h, cfg.sq, cfg.d_v]
-        o = g.tensor(name="o", dim=o_dims, stride=list(cfg.o_stride), data_type=io, uid=Uid.O)
-        d_o = g.tensor(name="d_o", dim=o_dims, stride=list(cfg.do_stride or cfg.o_stride), data_type=io, uid=Uid.DO)
-        dims, strides = self._stats_dims(cfg)
-        stats = g.tensor(name="stats", dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT, uid=Uid.STATS)
+        o = g.tensor(name="o", dim=o_dims, stride=list(cfg.o_stride), data_type=io, uid=Uid.O, ragged_offset=rag.get(Uid.RAGGED_O))
+        d_o = g.tensor(name="d_o", dim=o_dims, stride=list(cfg.do_stride or cfg.o_stride), data_type=io, uid=Uid.DO,
+                       ragged_offset=rag.get(Uid.RAGGED_O))  # fmt: skip
+        stats = g.tensor(name="stats", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
+                         data_type=cudnn.data_type.FLOAT, uid=Uid.STATS, ragged_offset=rag.get(Uid.RAGGED_STATS))  # fmt: skip
         kw = self._mask_kwargs(cfg, g)
+        if cfg.ragged_q:
+            kw["max_total_seq_len_q"] = cfg.max_total_q
+        if cfg.ragged_kv:
+            kw["max_total_seq_len_kv"] = cfg.max_total_kv
         dbias = None
         if bias is not None:
             kw["bias"] = bias
@@ -191,20 +246,15 @@ class F16ArbitrarySeqlen(SubBackend):
             q=q, k=k, v=v, o=o, dO=d_o, stats=stats, use_deterministic_algorithm=cfg.deterministic, name="sdpa_backward", **kw
         )
         # Gradients are allocated in the layout's own format (packed where the layout packs).
-        st = layout_strides(cfg.layout, cfg.b, cfg.h, cfg.hg, cfg.sq, cfg.skv, cfg.d_qk, cfg.d_v)
-        for t, uid, dim, stride in (
-            (dq, Uid.DQ, [cfg.b, cfg.h, cfg.sq, cfg.d_qk], st["q"]),
-            (dk, Uid.DK, [cfg.b, cfg.hg, cfg.skv, cfg.d_qk], st["k"]),
-            (dv, Uid.DV, [cfg.b, cfg.hg, cfg.skv, cfg.d_v], st["v"]),
+        for t, uid, dim, stride, off in (
+            (dq, Uid.DQ, [cfg.b, cfg.h, cfg.sq, cfg.d_qk], cfg.grad_strides[0], rag.get(Uid.RAGGED_Q)),
+            (dk, Uid.DK, [cfg.b, cfg.hg, cfg.skv, cfg.d_qk], cfg.grad_strides[1], rag.get(Uid.RAGGED_K)),
+            (dv, Uid.DV, [cfg.b, cfg.hg, cfg.skv, cfg.d_v], cfg.grad_strides[2], rag.get(Uid.RAGGED_V)),
         ):
             t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(io)
+            if off is not None:
+                t.set_ragged_offset(off)
         if dbias is not None:
             dbias.set_output(True)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV]
-        if bias is not None:
-            uids.append(Uid.BIAS)
-        if dbias is not None:
-            uids.append(Uid.DBIAS)
-        if cfg.has_dropout:
-            uids += [Uid.SEED, Uid.OFFSET]
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV] + self._tail_uids(cfg, bias, dbias)
         return GraphSpec(g, tuple(uids), Direction.BWD)

@@ -1,0 +1,82 @@
+"""Variable-length batches: shape buckets for plan keys, and per-call length/offset tensors.
+
+Sequence lengths and token offsets are runtime data: they reach cuDNN as device tensors
+(``seq_len_q/kv`` of ``[B, 1, 1, 1]`` and ragged offsets of ``[B + 1, 1, 1, 1]``), never as
+part of a plan key. What the plan does see (the batch dimension B of a THD graph, its
+maximum sequence length S and the total-token capacity) is rounded up to a bucket, so a
+training loop over batches of varying composition settles on a handful of plans:
+
+* batch: 32 up to 32 sequences, then the next power of two up to 512, then multiples of 512
+  (TransformerEngine's ``get_max_batch_size``);
+* tokens: 1024 up to 1024, then the next power of two up to 32768, then multiples of 32768
+  (TE's ``get_max_tokens``);
+* max sequence length: 1 stays 1 (decode), otherwise the next power of two, at least 64.
+
+Everything here runs on the caller's stream with no host-device synchronisation.
+
+THD softmax stats (``aux_ctx_tensors[0]``) are stored token-major, ``[t_q, h, 1]`` float32,
+row ``i`` holding the logsumexp of query token ``i`` (addressed with ``cu_seqlens_q_padded``),
+the layout TransformerEngine uses with cuDNN >= 9.6; rows of padding tokens are undefined.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "seq_lens", "ragged_offsets"]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def bucket_batch(b: int) -> int:
+    if b <= 32:
+        return 32
+    if b <= 512:
+        return _next_pow2(b)
+    return -(-b // 512) * 512
+
+
+def bucket_tokens(t: int) -> int:
+    if t <= 1024:
+        return 1024
+    if t <= 32768:
+        return _next_pow2(t)
+    return -(-t // 32768) * 32768
+
+
+def bucket_seqlen(s: int) -> int:
+    return 1 if s <= 1 else max(64, _next_pow2(s))
+
+
+def seq_lens(cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[batch, 1, 1, 1]`` int32 lengths ``cu[i+1] - cu[i]``, zero for the bucket's padding."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    extra = batch - lens.shape[0]
+    if extra:
+        lens = F.pad(lens, (0, extra))
+    return lens.view(batch, 1, 1, 1)
+
+
+def ragged_offsets(cu_seqlens_padded: torch.Tensor, multipliers: torch.Tensor, batch: int) -> torch.Tensor:
+    """Element offsets ``[len(multipliers), batch + 1]`` int64: row ``j`` is
+    ``cu_seqlens_padded * multipliers[j]`` (tokens times elements per token), continued with
+    its last value over the bucket's padding (empty sequences at the end)."""
+    off = cu_seqlens_padded.unsqueeze(0) * multipliers.unsqueeze(1)  # int32 x int64 -> int64
+    extra = batch + 1 - off.shape[1]
+    if extra:
+        off = torch.cat((off, off[:, -1:].expand(-1, extra)), dim=1)
+    return off
+
+
+def offsets_view(offsets: torch.Tensor, row: int) -> torch.Tensor:
+    """Row ``row`` of :func:`ragged_offsets` as the ``[B + 1, 1, 1, 1]`` tensor a graph declares."""
+    return offsets[row].view(-1, 1, 1, 1)
+
+
+def cu_or_padded(cu_seqlens: torch.Tensor, padded: Optional[torch.Tensor]) -> torch.Tensor:
+    return cu_seqlens if padded is None else padded

@@ -1,0 +1,223 @@
+"""GPU suite for variable-length attention: padding masks, THD and mixed layouts.
+
+Every case runs forward and backward and compares the valid positions with the fp32
+reference run on the same data scattered into a padded [b, h, s, d] batch with the same
+per-sequence lengths; positions past a sequence's end must be exactly zero in O and in the
+gradients.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import zlib
+
+import pytest
+import torch
+
+import te_cudnn as tc
+from te_cudnn.enums import AttnMaskType, QKVFormat, QKVLayout, QKVLayoutGroup
+from te_cudnn.layouts import layout_info
+from te_cudnn.reference import attention_reference
+from te_cudnn.testing import check_close
+
+pytestmark = pytest.mark.gpu
+PADDING_MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _cu(lengths, gaps=None) -> torch.Tensor:
+    gaps = gaps or [0] * len(lengths)
+    out = [0]
+    for n, gap in zip(lengths, gaps):
+        out.append(out[-1] + n + gap)
+    return torch.tensor(out, dtype=torch.int32, device="cuda")
+
+
+class Side:
+    """One side (q or kv) of a batch: per-sequence lengths, where each sequence starts."""
+
+    def __init__(self, fmt: QKVFormat, lengths, s_max: int, gaps=None):
+        self.fmt, self.lengths, self.s_max = fmt, list(lengths), s_max
+        self.cu = _cu(self.lengths)
+        self.cu_padded = _cu(self.lengths, gaps) if gaps else None
+        starts = (self.cu_padded if self.cu_padded is not None else self.cu).tolist()
+        self.starts = starts[:-1]
+        self.tokens = starts[-1] + (2 if gaps else 0)  # a little spare capacity past the last sequence
+
+    @property
+    def ragged(self) -> bool:
+        return self.fmt == QKVFormat.thd
+
+    def to_dense(self, t: torch.Tensor) -> torch.Tensor:
+        """[b, h, s_max, d] float32, zeros past each sequence's end."""
+        b = len(self.lengths)
+        if self.fmt == QKVFormat.bshd:
+            dense = t.float().permute(0, 2, 1, 3).clone()
+        elif self.fmt == QKVFormat.sbhd:
+            dense = t.float().permute(1, 2, 0, 3).clone()
+        else:
+            dense = torch.zeros(b, t.shape[1], self.s_max, t.shape[2], device=t.device)
+            for i, (start, n) in enumerate(zip(self.starts, self.lengths)):
+                dense[i, :, :n] = t[start:start + n].float().transpose(0, 1)
+        for i, n in enumerate(self.lengths):
+            dense[i, :, n:] = 0
+        return dense
+
+    def padding_positions(self, t: torch.Tensor) -> torch.Tensor:
+        """The values of ``t`` at positions no sequence owns (must be exactly zero)."""
+        if self.fmt == QKVFormat.thd:
+            owned = torch.zeros(t.shape[0], dtype=torch.bool, device=t.device)
+            for start, n in zip(self.starts, self.lengths):
+                owned[start:start + n] = True
+            return t[~owned]
+        dense = t.permute(0, 2, 1, 3) if self.fmt == QKVFormat.bshd else t.permute(1, 2, 0, 3)
+        return torch.cat([dense[i, :, n:].reshape(-1) for i, n in enumerate(self.lengths)])
+
+
+def _tensors(layout: QKVLayout, qside: Side, kvside: Side, h: int, hg: int, d: int, dtype, gen):
+    info = layout_info(layout)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+
+    def lead(side):
+        b = len(side.lengths)
+        return {QKVFormat.thd: (side.tokens,), QKVFormat.bshd: (b, side.s_max), QKVFormat.sbhd: (side.s_max, b)}[side.fmt]
+
+    g = info.group
+    if g == QKVLayoutGroup.L_3HD:
+        return rand(*lead(qside), 3, h, d).unbind(-3)
+    if g == QKVLayoutGroup.L_H3D:
+        return rand(*lead(qside), h, 3, d).unbind(-2)
+    q = rand(*lead(qside), h, d)
+    if g == QKVLayoutGroup.L_HD_2HD:
+        k, v = rand(*lead(kvside), 2, hg, d).unbind(-3)
+    elif g == QKVLayoutGroup.L_HD_H2D:
+        k, v = rand(*lead(kvside), hg, 2, d).unbind(-2)
+    else:
+        k, v = rand(*lead(kvside), hg, d), rand(*lead(kvside), hg, d)
+    return q, k, v
+
+
+def run_varlen(layout, mask, dtype, lengths_q, lengths_kv, *, h=4, hg=4, d=64, s_max_q=None, s_max_kv=None,
+               gaps=None, seed=0, check=True):  # fmt: skip
+    layout = QKVLayout.coerce(layout)
+    info = layout_info(layout)
+    s_max_q = s_max_q or max(max(lengths_q), 1)
+    s_max_kv = s_max_kv or max(max(lengths_kv), 1)
+    qside = Side(info.q_format, lengths_q, s_max_q, gaps if info.q_format == QKVFormat.thd else None)
+    kvside = Side(info.kv_format, lengths_kv, s_max_kv, gaps if info.kv_format == QKVFormat.thd else None)
+    if info.packs_qkv:  # one buffer: q and kv share tokens
+        kvside = qside
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = _tensors(layout, qside, kvside, h, hg, d, dtype, gen)
+    kw = dict(qkv_layout=layout.name, attn_mask_type=mask,
+              cu_seqlens_q_padded=qside.cu_padded, cu_seqlens_kv_padded=kvside.cu_padded)  # fmt: skip
+    out, aux = tc.fused_attn_fwd(True, s_max_q, s_max_kv, qside.cu, kvside.cu, q, k, v, dtype, None, **kw)
+    d_o = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
+    dq, dk, dv, _ = tc.fused_attn_bwd(s_max_q, s_max_kv, qside.cu, kvside.cu, q, k, v, out, d_o, dtype, aux, None, **kw)
+    for name, t in (("O", out), ("dQ", dq)):
+        pad = qside.padding_positions(t)
+        assert torch.isfinite(t).all() and (pad == 0).all(), f"{name} must be exactly zero past each sequence"
+    for name, t in (("dK", dk), ("dV", dv)):
+        pad = kvside.padding_positions(t)
+        assert torch.isfinite(t).all() and (pad == 0).all(), f"{name} must be exactly zero past each sequence"
+    if not check:
+        return out, aux
+    lq = torch.tensor(lengths_q, device="cuda")
+    lkv = torch.tensor(lengths_kv, device="cuda")
+    dense_in = [qside.to_dense(q), kvside.to_dense(k), kvside.to_dense(v)]
+    results = {}
+    for compute in (torch.float32, dtype):
+        leaves = [t.to(compute).requires_grad_() for t in dense_in]
+        ref = attention_reference(*leaves, attn_mask_type=mask, seqlens_q=lq, seqlens_kv=lkv, compute_dtype=compute)
+        grads = torch.autograd.grad(ref.out, leaves, qside.to_dense(d_o).to(compute))
+        results[compute] = (ref, grads)
+    (r32, g32), (rlp, glp) = results[torch.float32], results[dtype]
+    if sum(lengths_q) and sum(lengths_kv):
+        check_close("O", qside.to_dense(out), r32.out, rlp.out, dtype)
+        check_close("dQ", qside.to_dense(dq), g32[0], glp[0], dtype)
+        check_close("dK", kvside.to_dense(dk), g32[1], glp[1], dtype)
+        check_close("dV", kvside.to_dense(dv), g32[2], glp[2], dtype)
+    # softmax stats of valid rows: THD stats are token-major [t, h, 1]
+    stats = aux[0]
+    for i, (n, nk) in enumerate(zip(lengths_q, lengths_kv)):
+        if n == 0 or nk == 0:
+            continue
+        want = r32.lse[i, :, :n, 0]
+        got = stats[qside.starts[i]:qside.starts[i] + n, :, 0].T if qside.ragged else stats[i, :, :n, 0]
+        torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+    return out, aux
+
+
+# ------------------------------------------------------------------ generated matrix
+THD_LAYOUTS = [l for l in QKVLayout if layout_info(l).q_format == QKVFormat.thd and layout_info(l).kv_format == QKVFormat.thd and not layout_info(l).is_paged]
+MIXED = [QKVLayout.sbhd_bshd_bshd, QKVLayout.bshd_sbhd_sbhd, QKVLayout.thd_bshd_bshd, QKVLayout.thd_sbhd_sbhd]
+DENSE_PADDED = [QKVLayout.bshd_bshd_bshd, QKVLayout.sbhd_sbhd_sbhd, QKVLayout.bs3hd, QKVLayout.sbh3d, QKVLayout.bshd_bs2hd, QKVLayout.sbhd_sbh2d]
+
+
+def _cases():
+    for layout, mask, dtype, gqa in itertools.product(THD_LAYOUTS + MIXED + DENSE_PADDED, PADDING_MASKS, DTYPES, (False, True)):
+        if gqa and layout_info(layout).packs_qkv:
+            continue
+        yield pytest.param(layout, mask, dtype, gqa, id=f"{layout.name}-{mask}-{str(dtype)[6:]}-{'gqa' if gqa else 'mha'}")
+
+
+@pytest.mark.parametrize("layout,mask,dtype,gqa", list(_cases()))
+def test_varlen_matrix(layout, mask, dtype, gqa):
+    rng = random.Random(zlib.crc32(f"{layout.name}-{mask}-{dtype}-{gqa}".encode()))
+    b = 3
+    lengths_q = [rng.randint(1, 96) for _ in range(b)]
+    packs = layout_info(layout).packs_qkv
+    lengths_kv = lengths_q if packs else [rng.randint(1, 128) for _ in range(b)]
+    if mask == "padding_causal_bottom_right" and not packs:
+        lengths_kv = [max(nk, n) for n, nk in zip(lengths_q, lengths_kv)]  # bottom-right: each sq <= skv
+    run_varlen(layout, mask, dtype, lengths_q, lengths_kv, hg=2 if gqa else 4, s_max_q=96,
+               s_max_kv=96 if packs else 128, gaps=[rng.randint(0, 3) for _ in range(b)])  # fmt: skip
+
+
+# ------------------------------------------------------------------ edge cases
+@pytest.mark.parametrize("layout", ["thd_thd_thd", "bshd_bshd_bshd", "t3hd"])
+def test_zero_and_one_length_sequences(layout):
+    run_varlen(layout, "padding_causal", torch.bfloat16, [0, 5, 1, 0, 64], [0, 5, 1, 0, 64], s_max_q=64, s_max_kv=64)
+
+
+def test_capacity_larger_than_tokens():
+    """A THD buffer with spare capacity past the last sequence (TE's inter-sequence padding)."""
+    run_varlen("thd_thd_thd", "padding", torch.float16, [17, 33, 8], [17, 33, 8], gaps=[3, 0, 5], s_max_q=64, s_max_kv=64)
+
+
+@pytest.mark.parametrize("layout", ["thd_thd_thd", "bshd_bshd_bshd"])
+def test_decode_sq_1(layout):
+    """One query per sequence against cached keys of varying length (decode)."""
+    info = layout_info(QKVLayout.coerce(layout))
+    lengths_kv = [40, 1, 128]
+    if info.q_format == QKVFormat.thd:
+        out, _ = run_varlen(layout, "padding", torch.bfloat16, [1, 1, 1], lengths_kv, s_max_q=1, s_max_kv=128)
+    else:
+        out, _ = run_varlen(layout, "padding_causal_bottom_right", torch.bfloat16, [1, 1, 1], lengths_kv, s_max_q=1, s_max_kv=128)
+    assert torch.isfinite(out).all()
+
+
+def test_random_batches_reuse_a_handful_of_plans():
+    """50 batches of random composition: results are right every time, plans stay few."""
+    rng = random.Random(2026)
+    before = tc.plan_cache.stats()
+    for i in range(50):
+        b = rng.randint(1, 8)
+        lengths = [rng.randint(1, 256) for _ in range(b)]
+        run_varlen("thd_thd_thd", "padding_causal", torch.bfloat16, lengths, lengths, h=4, hg=2, s_max_q=256,
+                   s_max_kv=256, seed=i, check=(i % 5 == 0))  # fmt: skip
+    after = tc.plan_cache.stats()
+    built = after.builds - before.builds
+    print(f"\n50 random THD batches: {built} plans built, {after.hits - before.hits} cache hits")
+    assert built <= 4, f"{built} plans for 50 batches: lengths must not key plans"
+
+
+def test_padding_mask_lengths_are_runtime_data():
+    before = tc.plan_cache.stats().builds
+    run_varlen("bshd_bshd_bshd", "padding", torch.bfloat16, [10, 64, 33], [64, 7, 20], s_max_q=64, s_max_kv=64)
+    mid = tc.plan_cache.stats().builds
+    run_varlen("bshd_bshd_bshd", "padding", torch.bfloat16, [64, 1, 2], [3, 64, 64], s_max_q=64, s_max_kv=64, seed=1)
+    assert tc.plan_cache.stats().builds == mid and mid - before <= 2
