@@ -32,7 +32,7 @@ from .errors import UnsupportedConfigError
 from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.handles import current_raw_stream as _current_raw_stream
-from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, offsets_view, ragged_offsets, seq_lens
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
 from .runtime import RuntimeEnv, current_env, frontend_version
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation"]
@@ -57,6 +57,7 @@ class _Prepared:
     varlen: bool = False  # padding mask or THD: per-call lengths/offsets, zero-filled results
     mult_q: Optional[torch.Tensor] = None  # elements per token of q, o, stats (THD q side)
     mult_kv: Optional[torch.Tensor] = None  # elements per token of k, v (THD kv side)
+    mult_all: Optional[torch.Tensor] = None  # q, o, stats, k, v (both sides THD)
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -106,15 +107,27 @@ def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
 
 
 def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
-    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order (no host sync)."""
+    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a handful of
+    tiny kernels on the caller's stream, no host sync. Self-attention (the same cu_seqlens
+    tensors for q and kv) computes them once."""
     cfg, out = prep.cfg, []
+    batch = cfg.b
+    ext_q = extend(cu_q, batch)
+    ext_kv = ext_q if cu_kv is cu_q else extend(cu_kv, batch)
     if cfg.mask.is_padding:
-        out += [seq_lens(cu_q, cfg.b), seq_lens(cu_kv, cfg.b)]
+        lens_q = seq_lens(cu_q, batch, ext_q)
+        out += [lens_q, lens_q if ext_kv is ext_q else seq_lens(cu_kv, batch, ext_kv)]
+    base_q = ext_q if cu_q_padded is None else extend(cu_q_padded, batch)
+    same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
+    if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
+        off = ragged_offsets(cu_q, prep.mult_all, batch, base_q)
+        return out + [offsets_view(off, i) for i in range(5)]
     if cfg.ragged_q:
-        off = ragged_offsets(cu_q if cu_q_padded is None else cu_q_padded, prep.mult_q, cfg.b)
+        off = ragged_offsets(cu_q, prep.mult_q, batch, base_q)
         out += [offsets_view(off, 0), offsets_view(off, 1), offsets_view(off, 2)]
     if cfg.ragged_kv:
-        off = ragged_offsets(cu_kv if cu_kv_padded is None else cu_kv_padded, prep.mult_kv, cfg.b)
+        base_kv = ext_kv if cu_kv_padded is None else extend(cu_kv_padded, batch)
+        off = ragged_offsets(cu_kv, prep.mult_kv, batch, base_kv)
         out += [offsets_view(off, 0), offsets_view(off, 1)]
     return out
 
@@ -127,7 +140,8 @@ def _mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[to
         mq = torch.tensor([cfg.q_stride[2], cfg.h * cfg.d_v, cfg.h], dtype=torch.int64, device=device)
     if cfg.ragged_kv:
         mkv = torch.tensor([cfg.k_stride[2], cfg.v_stride[2]], dtype=torch.int64, device=device)
-    return {"mult_q": mq, "mult_kv": mkv}
+    mall = torch.cat((mq, mkv)) if mq is not None and mkv is not None else None
+    return {"mult_q": mq, "mult_kv": mkv, "mult_all": mall}
 
 
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -24,9 +24,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "seq_lens", "ragged_offsets"]
+__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "extend", "seq_lens", "ragged_offsets", "offsets_view"]
 
 
 def _next_pow2(n: int) -> int:
@@ -53,24 +52,27 @@ def bucket_seqlen(s: int) -> int:
     return 1 if s <= 1 else max(64, _next_pow2(s))
 
 
-def seq_lens(cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
+def extend(cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
+    """``cu_seqlens`` ([b + 1]) continued with its last value to ``[batch + 1]``: the bucket's
+    extra sequences are empty and start where the last real one ends (one kernel, or none)."""
+    extra = batch + 1 - cu_seqlens.shape[0]
+    return torch.cat((cu_seqlens, cu_seqlens[-1:].expand(extra))) if extra else cu_seqlens
+
+
+def seq_lens(cu_seqlens: torch.Tensor, batch: int, extended: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[batch, 1, 1, 1]`` int32 lengths ``cu[i+1] - cu[i]``, zero for the bucket's padding."""
-    lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    extra = batch - lens.shape[0]
-    if extra:
-        lens = F.pad(lens, (0, extra))
-    return lens.view(batch, 1, 1, 1)
+    ext = extend(cu_seqlens, batch) if extended is None else extended
+    return (ext[1:] - ext[:-1]).view(batch, 1, 1, 1)
 
 
-def ragged_offsets(cu_seqlens_padded: torch.Tensor, multipliers: torch.Tensor, batch: int) -> torch.Tensor:
+def ragged_offsets(
+    cu_seqlens_padded: torch.Tensor, multipliers: torch.Tensor, batch: int, extended: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Element offsets ``[len(multipliers), batch + 1]`` int64: row ``j`` is
     ``cu_seqlens_padded * multipliers[j]`` (tokens times elements per token), continued with
-    its last value over the bucket's padding (empty sequences at the end)."""
-    off = cu_seqlens_padded.unsqueeze(0) * multipliers.unsqueeze(1)  # int32 x int64 -> int64
-    extra = batch + 1 - off.shape[1]
-    if extra:
-        off = torch.cat((off, off[:, -1:].expand(-1, extra)), dim=1)
-    return off
+    its last value over the bucket's padding (empty sequences at the end). One kernel."""
+    ext = extend(cu_seqlens_padded, batch) if extended is None else extended
+    return ext.unsqueeze(0) * multipliers.unsqueeze(1)  # int32 x int64 -> int64
 
 
 def offsets_view(offsets: torch.Tensor, row: int) -> torch.Tensor:

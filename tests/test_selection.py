@@ -10,10 +10,10 @@ import torch
 
 import te_cudnn
 from te_cudnn import FusedAttnBackend, UnsupportedConfigError
-from te_cudnn.backends import REGISTRY, Direction, select
-from te_cudnn.config import describe_shapes
-from te_cudnn.enums import AttnBiasType, AttnMaskType
-from te_cudnn.layouts import layout_info
+from te_cudnn.backends import REGISTRY, Direction, explain_config, select
+from te_cudnn.config import describe_fwd, describe_shapes
+from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout
+from te_cudnn.layouts import CORE_LAYOUTS, layout_info
 from te_cudnn.runtime import HOPPER_CUDNN_919, RuntimeEnv
 
 BF16 = torch.bfloat16
@@ -99,7 +99,11 @@ DECLINED = [
     # id, explain overrides, fragment of F16_arbitrary_seqlen's reason
     ("pre_scale_bias", dict(bias="pre_scale_bias"), "attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias, alibi)"),
     ("alibi_no_mask", dict(bias="alibi", mask="no_mask"),
-     "alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type=no_mask"),
+     "alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; TransformerEngine does "
+     "not fuse it with padding), got no_mask"),
+    ("alibi_padding_causal", dict(bias="alibi", mask="padding_causal"),
+     "alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; TransformerEngine does "
+     "not fuse it with padding), got padding_causal"),
     ("alibi_sm80", dict(bias="alibi", mask="causal", env=SM80), "alibi needs sm90 or newer, got sm80"),
     ("causal_br_sq_gt_skv", dict(mask="causal_bottom_right", sq=1024, skv=512),
      "causal_bottom_right needs sq <= skv, got sq=1024 > skv=512"),
@@ -120,8 +124,18 @@ DECLINED = [
     ("head_dim_256_128_training", dict(d=256, d_v=128), "training with d_qk=256 != d_v=128 (both >= 128) is not supported"),
     ("softmax_off_by_one", dict(softmax="off_by_one"), "softmax_type=off_by_one (supported: vanilla)"),
     ("softmax_learnable", dict(softmax="learnable"), "softmax_type=learnable (supported: vanilla)"),
-    ("padding", dict(mask="padding"), "padding masks arrive with variable-length support (issue #3)"),
-    ("padding_causal", dict(mask="padding_causal"), "attn_mask_type=padding_causal: padding masks arrive"),
+    ("padding_bias", dict(mask="padding", bias="post_scale_bias"),
+     "attn_mask_type=padding with post_scale_bias is not fused (TransformerEngine's rule)"),
+    ("padding_causal_br_bias", dict(mask="padding_causal_bottom_right", bias="post_scale_bias"),
+     "attn_mask_type=padding_causal_bottom_right with post_scale_bias is not fused"),
+    ("thd_no_mask", dict(layout="thd_thd_thd", mask="no_mask"),
+     "qkv_layout=thd_thd_thd (THD) needs a padding mask (padding, padding_causal or padding_causal_bottom_right), "
+     "got attn_mask_type=no_mask"),
+    ("t3hd_causal", dict(layout="t3hd", mask="causal"), "qkv_layout=t3hd (THD) needs a padding mask"),
+    ("thd_sm80", dict(layout="thd_t2hd", mask="padding", env=SM80), "THD layouts need sm90 or newer, got sm80"),
+    ("thd_cudnn95", dict(layout="thd_th2d", mask="padding_causal", h=16, hg=4,
+                         env=RuntimeEnv(sm=90, cudnn_version=90500)),
+     "THD layouts need cuDNN 9.6 or newer here, got 90500"),
     ("fp8_dtype", dict(dtype=FP8, d=128), "dtype=float8_e4m3fn (supported: bfloat16, float16)"),
     ("fp8_e5m2_dtype", dict(dtype=torch.float8_e5m2, d=128), "dtype=float8_e5m2 (supported: bfloat16, float16)"),
     ("sq_skv_1_training", dict(sq=1, skv=1), "cuDNN's SDPA backward does not support sq = skv = 1"),
@@ -154,9 +168,15 @@ def test_declined_with_reason(over: dict, fragment: str) -> None:
      dict(mask="no_mask", window=(64, 64), sq=512, skv=1024),
      dict(d=256), dict(d=192, d_v=128), dict(d=256, training=False, env=RuntimeEnv(sm=90, cudnn_version=90100)),
      dict(sq=1, skv=1, training=False), dict(deterministic=True), dict(dropout=0.1), dict(h=32, hg=1),
-     dict(bias="alibi", mask="causal_bottom_right", sq=1024, skv=1024)],
+     dict(bias="alibi", mask="causal_bottom_right", sq=1024, skv=1024),
+     # padding masks: per-sequence lengths decide, so the max-length rules sq <= skv do not apply
+     dict(mask="padding_causal_bottom_right", sq=1024, skv=512), dict(mask="padding", window=(64, 64), sq=1024, skv=512),
+     dict(mask="padding_causal", dropout=0.1), dict(layout="thd_thd_thd", mask="padding_causal", h=16, hg=4),
+     dict(layout="t3hd", mask="padding_causal_bottom_right"), dict(layout="thd_th2d", mask="padding", sq=128, skv=1024)],
     ids=["causal_br_self_bias", "causal_br_cross", "causal_window", "window_cross", "d256_sm90", "d192_128",
-         "d256_inference_cudnn91", "sq1_inference", "deterministic_sm90", "dropout", "mqa", "alibi_causal_br_self"],
+         "d256_inference_cudnn91", "sq1_inference", "deterministic_sm90", "dropout", "mqa", "alibi_causal_br_self",
+         "padding_causal_br_sq_gt_skv", "padding_window_sq_gt_skv", "padding_causal_dropout", "thd_gqa_cudnn919",
+         "t3hd_padding_causal_br", "thd_th2d_cross"],
 )  # fmt: skip
 def test_accepted_edge_cases(over: dict) -> None:
     ex = explain(**over)
@@ -244,20 +264,38 @@ def test_training_forward_checks_backward_rules() -> None:
 # ----------------------------------------------------------------------------- generated from the declaration
 CAPS = REGISTRY[0].caps
 assert REGISTRY[0].enum is FusedAttnBackend.F16_arbitrary_seqlen
+#: Layouts a sizes-only description (describe_shapes, hence explain) covers; the mixed
+#: q/kv-format layouts (15-18) are described from tensors instead (test_declared_mixed_combination).
+SHAPES_ONLY = frozenset(CORE_LAYOUTS)
 
 
-def _documented_reasons(mask: AttnMaskType, bias: AttnBiasType, sq: int, skv: int) -> list[str]:
-    """The F16 arbitrary cross-rules (spec §6) that apply to a declared layout x mask x bias."""
+def _is_ragged(layout: QKVLayout) -> bool:
+    info = layout_info(layout)
+    return QKVFormat.thd in (info.q_format, info.kv_format)
+
+
+def _documented_reasons(layout: QKVLayout, mask: AttnMaskType, bias: AttnBiasType, sq: int, skv: int) -> list[str]:
+    """The F16 arbitrary cross-rules (spec §6) that apply to a declared layout x mask x bias
+    (sm90, cuDNN 9.19, MHA, d=64, training without dropout or window), in the order given."""
     why = []
-    if bias == AttnBiasType.alibi and not mask.is_causal:
-        why.append(f"alibi needs a causal mask (cuDNN requires right bound 0), got attn_mask_type={mask.name}")
-    if mask.is_bottom_right and sq != skv and bias != AttnBiasType.no_bias:
-        why.append(f"causal_bottom_right with sq != skv cannot take attn_bias_type={bias.name}")
+    if _is_ragged(layout) and not mask.is_padding:
+        why.append(f"qkv_layout={layout.name} (THD) needs a padding mask (padding, padding_causal or "
+                   f"padding_causal_bottom_right), got attn_mask_type={mask.name}")  # fmt: skip
+    if mask.is_padding and bias == AttnBiasType.post_scale_bias:
+        why.append(f"attn_mask_type={mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
+    if bias == AttnBiasType.alibi and (not mask.is_causal or mask.is_padding):
+        why.append(f"alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; "
+                   f"TransformerEngine does not fuse it with padding), got {mask.name}")  # fmt: skip
+    # bottom-right is demoted to top-left only when sq == skv and no padding mask is used
+    if mask.is_bottom_right and (sq != skv or mask.is_padding) and bias != AttnBiasType.no_bias:
+        where = mask.name + ("" if mask.is_padding else " with sq != skv")
+        why.append(f"{where} cannot take attn_bias_type={bias.name}")
     return why
 
 
-def _generated_cases():
-    for layout, mask, bias in itertools.product(sorted(CAPS.layouts), sorted(CAPS.masks), sorted(CAPS.bias_types)):
+def _generated_cases(layouts):
+    """Declared layout x mask x bias, self- and (where q is not packed with k/v) cross-attention."""
+    for layout, mask, bias in itertools.product(sorted(layouts), sorted(CAPS.masks), sorted(CAPS.bias_types)):
         shapes = [("self", 256, 256)]
         if not layout_info(layout).packs_qkv:
             shapes.append(("cross", 128, 256))
@@ -265,17 +303,61 @@ def _generated_cases():
             yield pytest.param(layout, mask, bias, sq, skv, id=f"{layout.name}-{mask.name}-{bias.name}-{kind}")
 
 
-@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases()))
+@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases(CAPS.layouts & SHAPES_ONLY)))
 def test_declared_combination(layout, mask, bias, sq, skv) -> None:
     ex = te_cudnn.explain(True, BF16, BF16, layout, bias, mask, "vanilla", 0.0, 8, 8, sq, skv, 64, 64,
                           batch_size=2, env=HOPPER_CUDNN_919)  # fmt: skip
-    expected = _documented_reasons(mask, bias, sq, skv)
+    expected = _documented_reasons(layout, mask, bias, sq, skv)
     assert ex.reasons[ARB] == expected
     assert ex.backend is (FusedAttnBackend.No_Backend if expected else FusedAttnBackend.F16_arbitrary_seqlen)
 
 
+def _side(fmt: QKVFormat, b: int, s: int, h: int, d: int) -> torch.Tensor:
+    shape = {QKVFormat.thd: (b * s, h, d), QKVFormat.bshd: (b, s, h, d), QKVFormat.sbhd: (s, b, h, d)}[fmt]
+    return torch.empty(shape, dtype=BF16)
+
+
+def _describe_from_tensors(layout: QKVLayout, mask: AttnMaskType, bias: AttnBiasType, sq: int, skv: int, b: int = 2, h: int = 8):
+    """describe_fwd on CPU tensors of a non-packed layout (b sequences of full length)."""
+    info = layout_info(layout)
+    q, k, v = _side(info.q_format, b, sq, h, 64), _side(info.kv_format, b, skv, h, 64), _side(info.kv_format, b, skv, h, 64)
+    need_cu = mask.is_padding or _is_ragged(layout)
+    cu_q = torch.arange(b + 1, dtype=torch.int32) * sq if need_cu else None
+    cu_kv = torch.arange(b + 1, dtype=torch.int32) * skv if need_cu else None
+    attn_bias = torch.zeros(1, h, sq, skv, dtype=BF16) if bias == AttnBiasType.post_scale_bias else None
+    return describe_fwd(is_training=True, max_seqlen_q=sq, max_seqlen_kv=skv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                        q=q, k=k, v=v, qkv_dtype=BF16, attn_bias=attn_bias, attn_scale=None, dropout=0.0,
+                        qkv_layout=layout, attn_bias_type=bias, attn_mask_type=mask, softmax_type="vanilla",
+                        window_size=(-1, -1), bottom_right_diagonal=None)  # fmt: skip
+
+
+@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases(CAPS.layouts - SHAPES_ONLY)))
+def test_declared_mixed_combination(layout, mask, bias, sq, skv) -> None:
+    """Mixed q/kv-format layouts, described from tensors (describe_shapes covers only the core 15)."""
+    cfg = _describe_from_tensors(layout, mask, bias, sq, skv)
+    info = layout_info(layout)
+    assert (cfg.ragged_q, cfg.ragged_kv) == (info.q_format == QKVFormat.thd, False)
+    assert cfg.b == 2  # a dense k/v side fixes the batch: it is not bucketed
+    explained = explain_config(cfg, HOPPER_CUDNN_919)
+    expected = _documented_reasons(layout, mask, bias, sq, skv)
+    assert explained[FusedAttnBackend.F16_arbitrary_seqlen] == expected
+    assert explained[FusedAttnBackend.F16_max512_seqlen] and explained[FusedAttnBackend.FP8]
+    if not expected:
+        assert select(cfg, HOPPER_CUDNN_919).enum is FusedAttnBackend.F16_arbitrary_seqlen
+
+
 def test_generated_cases_cover_the_declaration() -> None:
-    ids = {p.id for p in _generated_cases()}
-    assert "bshd_bshd_bshd-causal-alibi-self" in ids
-    assert len(CAPS.layouts) == 10 and len(CAPS.masks) == 3 and len(CAPS.bias_types) == 3
-    assert len(ids) == 10 * 3 * 3 + 6 * 3 * 3  # 6 layouts not packing q with k/v also get a cross case
+    core = {p.id for p in _generated_cases(CAPS.layouts & SHAPES_ONLY)}
+    mixed = {p.id for p in _generated_cases(CAPS.layouts - SHAPES_ONLY)}
+    assert "bshd_bshd_bshd-causal-alibi-self" in core and "thd_thd_thd-padding_causal_bottom_right-no_bias-cross" in core
+    assert "thd_sbhd_sbhd-padding-no_bias-cross" in mixed and not core & mixed
+    # the declaration: everything but paged and bhsd layouts; every mask but arbitrary
+    assert CAPS.layouts == frozenset(l for l in QKVLayout if not layout_info(l).is_paged and l != QKVLayout.bhsd_bhsd_bhsd)
+    assert len(CAPS.layouts) == 10 + 5 + 4 and len(CAPS.masks) == 6 and len(CAPS.bias_types) == 3
+    assert CAPS.layouts - SHAPES_ONLY == {QKVLayout.sbhd_bshd_bshd, QKVLayout.bshd_sbhd_sbhd,
+                                         QKVLayout.thd_bshd_bshd, QKVLayout.thd_sbhd_sbhd}  # fmt: skip
+    # 15 core layouts, 9 of them not packing q with k/v (cross case); 4 mixed layouts, none packing
+    assert len(core) == 15 * 6 * 3 + 9 * 6 * 3
+    assert len(mixed) == 4 * 6 * 3 * 2
+    served = [p for p in _generated_cases(CAPS.layouts & SHAPES_ONLY) if not _documented_reasons(*p.values)]
+    assert any(_is_ragged(p.values[0]) for p in served)  # THD layouts are actually served

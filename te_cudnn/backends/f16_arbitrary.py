@@ -48,8 +48,12 @@ class F16ArbitrarySeqlen(SubBackend):
             )
         if cfg.is_ragged and env.sm is not None and env.sm < 90:
             why.append(f"THD layouts need sm90 or newer, got sm{env.sm}")
-        if cfg.is_ragged and cfg.is_gqa and env.cudnn_version is not None and env.cudnn_version < 90600:
-            why.append("THD with grouped-query attention needs cuDNN 9.6 or newer")
+        v = env.cudnn_version
+        if cfg.is_ragged and v is not None and v < 90600:
+            # int64 ragged offsets, token-major ragged stats and max_total_seq_len need 9.6
+            why.append(f"THD layouts need cuDNN 9.6 or newer here, got {v}")
+        if layout_info(cfg.layout).q_format != layout_info(cfg.layout).kv_format and v is not None and v < 90700:
+            why.append(f"mixed q/kv formats ({cfg.layout.name}) need cuDNN 9.7 or newer, got {v}")
         if cfg.mask.is_padding and cfg.bias_type == AttnBiasType.post_scale_bias:
             why.append(f"attn_mask_type={cfg.mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
         if cfg.sq == 1 and cfg.skv == 1 and (cfg.is_training or direction == Direction.BWD):
@@ -74,10 +78,11 @@ class F16ArbitrarySeqlen(SubBackend):
         if bottom_right and cfg.mask.is_causal:
             if cfg.sq > cfg.skv and not cfg.mask.is_padding:
                 why.append(f"causal_bottom_right needs sq <= skv, got sq={cfg.sq} > skv={cfg.skv}")
+            where = f"{cfg.mask.name}" + ("" if cfg.mask.is_padding else " with sq != skv")
             if cfg.bias_type != AttnBiasType.no_bias:
-                why.append(f"causal_bottom_right with sq != skv cannot take attn_bias_type={cfg.bias_type.name}")
+                why.append(f"{where} cannot take attn_bias_type={cfg.bias_type.name}")
             if cfg.has_dropout:
-                why.append("causal_bottom_right with sq != skv cannot take dropout")
+                why.append(f"{where} cannot take dropout")
         if cfg.has_window:
             if cfg.bias_type != AttnBiasType.no_bias:
                 why.append(f"sliding window {cfg.window} cannot take attn_bias_type={cfg.bias_type.name}")
