@@ -65,6 +65,9 @@ class AttnConfig:
     max_total_kv: int = 0
     stats_stride: tuple[int, ...] = ()
     grad_strides: tuple[tuple[int, ...], ...] = ()  # dq, dk, dv as allocated, BHSD
+    # Paged KV cache: (num_pages, page_size, max_pages_per_seq); k/v strides are the caches'
+    # ([num_pages, hg, page_size, d] in BHSD order) and skv is max_seqlen_kv.
+    paged: Optional[tuple[int, int, int]] = None
 
     @property
     def is_ragged(self) -> bool:
@@ -219,6 +222,8 @@ def describe_fwd(
     qkv_dtype: Any,
     cu_seqlens_q_padded: Optional[torch.Tensor] = None,
     cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    page_table_k: Optional[torch.Tensor] = None,
+    page_table_v: Optional[torch.Tensor] = None,
     attn_bias: Optional[torch.Tensor],
     attn_scale: Optional[float],
     dropout: Any,
@@ -253,15 +258,17 @@ def describe_fwd(
     max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
     max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
     ragged_q, ragged_kv = info.q_format == QKVFormat.thd, info.kv_format == QKVFormat.thd
-    if info.is_paged:
-        raise ValueError(f"qkv_layout={layout.name}: paged layouts are described by describe_paged")
+    if not info.is_paged and (page_table_k is not None or page_table_v is not None):
+        raise ValueError(f"page_table_k/page_table_v were given but qkv_layout={layout.name} is not a paged_kv_* layout")
     for name, t, ragged in (("q", q, ragged_q), ("k", k, ragged_kv), ("v", v, ragged_kv)):
         want = 3 if ragged else 4
         if t.dim() != want:
             fmt = info.q_format if name == "q" else info.kv_format
             raise ValueError(f"{name} must be {want}-d in format {fmt.name}, got shape {list(t.shape)}")
     # Batch size: from the dense side's tensors, else from cu_seqlens (THD tensors have no b).
-    if not ragged_q:
+    if info.is_paged:
+        b = _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v)
+    elif not ragged_q:
         b = q.shape[1] if info.q_format == QKVFormat.sbhd else q.shape[0]
     elif not ragged_kv:
         b = k.shape[1] if info.kv_format == QKVFormat.sbhd else k.shape[0]
@@ -273,12 +280,23 @@ def describe_fwd(
             raise ValueError(f"cu_seqlens_q must have shape [b+1] with b >= 1, got {list(cu_seqlens_q.shape)}")
         b = cu_seqlens_q.shape[0] - 1
     # A graph's batch dim is a bucket only when every side is ragged (dense tensors fix b).
-    b_graph = bucket_batch(b) if (ragged_q and ragged_kv) else b
+    b_graph = bucket_batch(b) if (ragged_q and ragged_kv) else b  # paged: kv is dense (pages), so b
     sq_graph = bucket_seqlen(max_seqlen_q) if ragged_q else None
     skv_graph = bucket_seqlen(max_seqlen_kv) if ragged_kv else None
     (bq, h, sq, d_qk), q_stride = _geometry(info.q_format, "q", q, b_graph, sq_graph)
     (bk, hg, skv, dk), k_stride = _geometry(info.kv_format, "k", k, b_graph, skv_graph)
     (bv, hv, sv, d_v), v_stride = _geometry(info.kv_format, "v", v, b_graph, skv_graph)
+    paged = None
+    if info.is_paged:  # k/v are page pools: [num_pages, hg, page_size, d] in BHSD order
+        if (bk, sv) != (bv, skv):
+            raise ValueError(f"k and v page pools differ: k {list(k.shape)}, v {list(v.shape)} (layout {layout.name})")
+        paged = (bk, skv, page_table_k.shape[1])
+        if max_seqlen_kv > paged[1] * paged[2]:
+            raise ValueError(
+                f"max_seqlen_kv={max_seqlen_kv} exceeds the page tables' capacity {paged[2]} pages x {paged[1]} tokens"
+            )
+        bk = bv = bq
+        sv = skv = max_seqlen_kv
     if (bk, bv) != (bq, bq):
         raise ValueError(f"batch sizes differ: q has b={bq}, k has b={bk}, v has b={bv} (layout {layout.name})")
     if (hv, sv) != (hg, skv):
@@ -303,7 +321,7 @@ def describe_fwd(
                 f"qkv_layout={layout.name!r} but q, k, v are laid out as {actual!r}; pass views of one packed "
                 "buffer or name the layout they have"
             )
-    grads = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))
+    grads = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))  # paged: no backward, unused
     if ragged_q or ragged_kv:
         # dq/dk/dv share the inputs' ragged offsets, so THD inputs need the layout's own strides.
         for name, t, g in zip("qkv", (q, k, v), grads):
@@ -314,7 +332,7 @@ def describe_fwd(
                 )
     if not ragged_q and max_seqlen_q != sq:
         raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (layout {layout.name})")
-    if not ragged_kv and max_seqlen_kv != skv:
+    if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
         raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (layout {layout.name})")
     if ragged_q and max_seqlen_q < 1 or ragged_kv and max_seqlen_kv < 1:
         raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 1")
@@ -404,7 +422,29 @@ def describe_fwd(
         max_total_kv=bucket_tokens(k.shape[0]) if ragged_kv else 0,
         stats_stride=stats_stride,
         grad_strides=grad_strides,
+        paged=paged,
     )
+
+
+def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) -> int:
+    """Batch size of a paged-KV call, after checking the page tables (int32 [b, pages])."""
+    for name, t in (("page_table_k", page_table_k), ("page_table_v", page_table_v)):
+        if t is None:
+            raise ValueError(f"qkv_layout={layout.name} needs {name} (int32 [b, max_pages_per_seq])")
+        _tensor(name, t)
+        if t.dtype != torch.int32 or t.dim() != 2 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 [b, max_pages_per_seq] tensor, got {t.dtype} {list(t.shape)}")
+        _same_device(name, t, q)
+    if page_table_k.shape != page_table_v.shape:
+        raise ValueError(f"page_table_k {list(page_table_k.shape)} and page_table_v {list(page_table_v.shape)} differ")
+    b = page_table_k.shape[0]
+    if not ragged_q:
+        qb = q.shape[1] if layout_info(layout).q_format == QKVFormat.sbhd else q.shape[0]
+        if qb != b:
+            raise ValueError(f"q has b={qb} but the page tables have {b} rows")
+    elif cu_seqlens_q is None or cu_seqlens_q.shape[0] != b + 1:
+        raise ValueError(f"cu_seqlens_q must have shape [b+1] = [{b + 1}] for {b} page-table rows")
+    return b
 
 
 def describe_bwd(

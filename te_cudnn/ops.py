@@ -156,13 +156,6 @@ def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
     return FusedAttnBackend.coerce(value, argument="fused_attention_backend")
 
 
-def _require_not_paged(layout: QKVLayout) -> None:
-    """Paged-KV layouts are recognised names without a graph builder yet."""
-    if layout_info(layout).is_paged:
-        why = f"qkv_layout={layout.name}: paged KV caches are not implemented yet (issue #3)"
-        raise UnsupportedConfigError(f"qkv_layout={layout.name}", {b.enum: [why] for b in BY_ENUM.values()})
-
-
 def _require_cuda(cfg: AttnConfig, q: torch.Tensor) -> RuntimeEnv:
     if cfg.device < 0:
         raise ValueError(
@@ -253,6 +246,8 @@ def fused_attn_fwd(
     attn_bias: Optional[torch.Tensor] = None,
     cu_seqlens_q_padded: Optional[torch.Tensor] = None,
     cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+    page_table_k: Optional[torch.Tensor] = None,
+    page_table_v: Optional[torch.Tensor] = None,
     d_scale_qkv: Optional[torch.Tensor] = None,
     d_scale_qkv_offset: int = META_QKV,
     d_scale_s: Optional[torch.Tensor] = None,
@@ -319,6 +314,7 @@ def fused_attn_fwd(
         # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
         # read them, so later calls only note whether they are given (two fewer C calls each).
         cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+        None if page_table_k is None else (page_table_k.shape, None if page_table_v is None else page_table_v.shape),
         d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
         and amax_s is None and amax_o is None,
         )  # fmt: skip
@@ -353,6 +349,9 @@ def fused_attn_fwd(
         buffers.extend(_seed_offset(rng_state))
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    if cfg.paged is not None:
+        pages = (cfg.b, 1, cfg.paged[2], 1)
+        buffers += [page_table_k.view(pages), page_table_v.view(pages)]
     _execute(plan, buffers, prep.device)
     aux = [stats, rng_state]
     if attn_bias is not None:
@@ -364,12 +363,12 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    _require_not_paged(layout)
     cfg = describe_fwd(
         is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
         qkv_dtype=a["qkv_dtype"], attn_bias=a["attn_bias"], attn_scale=a["attn_scale"], dropout=a["dropout"],
         cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
+        page_table_k=a["page_table_k"], page_table_v=a["page_table_v"],
         qkv_layout=layout, attn_bias_type=a["attn_bias_type"], attn_mask_type=a["attn_mask_type"],
         softmax_type=a["softmax_type"], window_size=a["window_size"],
         bottom_right_diagonal=a["bottom_right_diagonal"],
@@ -505,7 +504,6 @@ def fused_attn_bwd(
 def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
-    _require_not_paged(layout)
     aux = a["aux_ctx_tensors"]
     if not isinstance(aux, (list, tuple)) or len(aux) < 2:
         raise ValueError(

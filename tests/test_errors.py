@@ -249,10 +249,9 @@ def test_fwd_thd_layout_needs_cuda_after_validation() -> None:
         fwd(**_thd_tensors(), qkv_layout="thd_thd_thd", attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu)
 
 
-def test_paged_layout_unsupported() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"qkv_layout=paged_kv_bshd_bshd_bshd") as ei:
+def test_paged_layout_needs_page_tables() -> None:
+    with pytest.raises(ValueError, match=r"paged_kv_bshd_bshd_bshd needs page_table_k"):
         fwd(qkv_layout="paged_kv_bshd_bshd_bshd", attn_mask_type="padding")
-    _check_all_backends_named(ei.value)
 
 
 def test_thd_without_padding_mask_is_declined_with_reason() -> None:

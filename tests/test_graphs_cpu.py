@@ -23,11 +23,13 @@ from te_cudnn.runtime import HOPPER_CUDNN_919
 BACKEND = REGISTRY[0]
 assert isinstance(BACKEND, F16ArbitrarySeqlen)
 CAPS = BACKEND.caps
+# Paged-KV layouts take page pools and page tables; they have their own tests (test_paged_cpu.py).
+LAYOUTS = frozenset(l for l in CAPS.layouts if not layout_info(l).is_paged)
 
 
 def _cases():
     for layout, mask, bias, gqa in itertools.product(
-        sorted(CAPS.layouts), sorted(CAPS.masks), sorted(CAPS.bias_types), (False, True)
+        sorted(LAYOUTS), sorted(CAPS.masks), sorted(CAPS.bias_types), (False, True)
     ):
         if gqa and layout_info(layout).packs_qkv:
             continue  # one packed buffer cannot hold fewer k/v heads than q heads
@@ -86,7 +88,7 @@ def _expected_uids(cfg, direction: Direction) -> set[int]:
 
 def test_cases_cover_thd_and_mixed_layouts():
     ids = {p.id for p in _cases()}
-    assert CAPS.layouts >= {QKVLayout.t3hd, QKVLayout.thd_thd_thd, QKVLayout.thd_sbhd_sbhd, QKVLayout.sbhd_bshd_bshd}
+    assert LAYOUTS >= {QKVLayout.t3hd, QKVLayout.thd_thd_thd, QKVLayout.thd_sbhd_sbhd, QKVLayout.sbhd_bshd_bshd}
     assert {"t3hd-padding_causal-no_bias-mha", "thd_t2hd-padding_causal_bottom_right-no_bias-gqa",
             "thd_bshd_bshd-padding-no_bias-gqa", "bshd_sbhd_sbhd-causal-post_scale_bias-mha"} <= ids  # fmt: skip
     assert len(ids) == (19 * 2 - 6) * 6 * 3  # 6 layouts pack q with k/v: MHA only

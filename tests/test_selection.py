@@ -267,6 +267,8 @@ assert REGISTRY[0].enum is FusedAttnBackend.F16_arbitrary_seqlen
 #: Layouts a sizes-only description (describe_shapes, hence explain) covers; the mixed
 #: q/kv-format layouts (15-18) are described from tensors instead (test_declared_mixed_combination).
 SHAPES_ONLY = frozenset(CORE_LAYOUTS)
+# Paged-KV layouts take page pools and page tables; they have their own tests (test_paged_cpu.py).
+PAGED = frozenset(l for l in QKVLayout if layout_info(l).is_paged)
 
 
 def _is_ragged(layout: QKVLayout) -> bool:
@@ -331,7 +333,7 @@ def _describe_from_tensors(layout: QKVLayout, mask: AttnMaskType, bias: AttnBias
                         window_size=(-1, -1), bottom_right_diagonal=None)  # fmt: skip
 
 
-@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases(CAPS.layouts - SHAPES_ONLY)))
+@pytest.mark.parametrize(("layout", "mask", "bias", "sq", "skv"), list(_generated_cases(CAPS.layouts - SHAPES_ONLY - PAGED)))
 def test_declared_mixed_combination(layout, mask, bias, sq, skv) -> None:
     """Mixed q/kv-format layouts, described from tensors (describe_shapes covers only the core 15)."""
     cfg = _describe_from_tensors(layout, mask, bias, sq, skv)
@@ -348,13 +350,13 @@ def test_declared_mixed_combination(layout, mask, bias, sq, skv) -> None:
 
 def test_generated_cases_cover_the_declaration() -> None:
     core = {p.id for p in _generated_cases(CAPS.layouts & SHAPES_ONLY)}
-    mixed = {p.id for p in _generated_cases(CAPS.layouts - SHAPES_ONLY)}
+    mixed = {p.id for p in _generated_cases(CAPS.layouts - SHAPES_ONLY - PAGED)}
     assert "bshd_bshd_bshd-causal-alibi-self" in core and "thd_thd_thd-padding_causal_bottom_right-no_bias-cross" in core
     assert "thd_sbhd_sbhd-padding-no_bias-cross" in mixed and not core & mixed
-    # the declaration: everything but paged and bhsd layouts; every mask but arbitrary
-    assert CAPS.layouts == frozenset(l for l in QKVLayout if not layout_info(l).is_paged and l != QKVLayout.bhsd_bhsd_bhsd)
-    assert len(CAPS.layouts) == 10 + 5 + 4 and len(CAPS.masks) == 6 and len(CAPS.bias_types) == 3
-    assert CAPS.layouts - SHAPES_ONLY == {QKVLayout.sbhd_bshd_bshd, QKVLayout.bshd_sbhd_sbhd,
+    # the declaration: every layout but bhsd; every mask but arbitrary
+    assert CAPS.layouts == frozenset(l for l in QKVLayout if l != QKVLayout.bhsd_bhsd_bhsd)
+    assert len(CAPS.layouts) == 10 + 5 + 4 + 6 and len(CAPS.masks) == 6 and len(CAPS.bias_types) == 3
+    assert CAPS.layouts - SHAPES_ONLY - PAGED == {QKVLayout.sbhd_bshd_bshd, QKVLayout.bshd_sbhd_sbhd,
                                          QKVLayout.thd_bshd_bshd, QKVLayout.thd_sbhd_sbhd}  # fmt: skip
     # 15 core layouts, 9 of them not packing q with k/v (cross case); 4 mixed layouts, none packing
     assert len(core) == 15 * 6 * 3 + 9 * 6 * 3

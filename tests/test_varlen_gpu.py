@@ -221,3 +221,42 @@ def test_padding_mask_lengths_are_runtime_data():
     mid = tc.plan_cache.stats().builds
     run_varlen("bshd_bshd_bshd", "padding", torch.bfloat16, [64, 1, 2], [3, 64, 64], s_max_q=64, s_max_kv=64, seed=1)
     assert tc.plan_cache.stats().builds == mid and mid - before <= 2
+
+
+# ------------------------------------------------------------------ paged KV (inference)
+@pytest.mark.parametrize(
+    "layout,sq,mask",
+    [("paged_kv_bshd_bshd_bshd", 1, "padding"), ("paged_kv_sbhd_sbhd_sbhd", 1, "padding"),
+     ("paged_kv_bshd_sbhd_sbhd", 1, "padding"), ("paged_kv_thd_bshd_bshd", 1, "padding"),
+     ("paged_kv_bshd_bshd_bshd", 16, "padding_causal_bottom_right"), ("paged_kv_thd_sbhd_sbhd", 16, "padding_causal_bottom_right")],
+    ids=["bshd-decode", "sbhd-decode", "bshd_q-sbhd_pool-decode", "thd_q-decode", "bshd-chunk16-causal_br", "thd_q-sbhd_pool-chunk16-causal_br"],
+)  # fmt: skip
+def test_paged_kv_inference(layout, sq, mask):
+    h, hg, d, page, pages, num_pages = 8, 2, 64, 16, 4, 32
+    lengths_kv = [40, 17, 64]
+    b = len(lengths_kv)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    info = layout_info(QKVLayout.coerce(layout))
+    pool_shape = (num_pages, page, hg, d) if info.kv_format == QKVFormat.bshd else (page, num_pages, hg, d)
+    k_pool, v_pool = (torch.randn(pool_shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(1))[: b * pages]
+    table = perm.view(b, pages).to(torch.int32).cuda()
+    qfmt = info.q_format
+    q = torch.randn({QKVFormat.bshd: (b, sq, h, d), QKVFormat.sbhd: (sq, b, h, d), QKVFormat.thd: (b * sq, h, d)}[qfmt],
+                    generator=gen, device="cuda").to(torch.bfloat16)  # fmt: skip
+    cu_q, cu_kv = _cu([sq] * b), _cu(lengths_kv)
+    out, aux = tc.fused_attn_fwd(False, sq, page * pages, cu_q, cu_kv, q, k_pool, v_pool, q.dtype, None,
+                                 page_table_k=table, page_table_v=table, qkv_layout=layout, attn_mask_type=mask)  # fmt: skip
+    # reference: gather each sequence's pages into a dense [b, hg, s, d] cache
+    s_kv = page * pages
+    pool_k = k_pool if info.kv_format == QKVFormat.bshd else k_pool.transpose(0, 1)
+    pool_v = v_pool if info.kv_format == QKVFormat.bshd else v_pool.transpose(0, 1)
+    dense_k = pool_k[table.long()].reshape(b, s_kv, hg, d).permute(0, 2, 1, 3).float()
+    dense_v = pool_v[table.long()].reshape(b, s_kv, hg, d).permute(0, 2, 1, 3).float()
+    q_dense = {QKVFormat.bshd: lambda t: t.permute(0, 2, 1, 3), QKVFormat.sbhd: lambda t: t.permute(1, 2, 0, 3),
+               QKVFormat.thd: lambda t: t.view(b, sq, h, d).permute(0, 2, 1, 3)}[qfmt]  # fmt: skip
+    lq, lkv = torch.tensor([sq] * b, device="cuda"), torch.tensor(lengths_kv, device="cuda")
+    r32 = attention_reference(q_dense(q).float(), dense_k, dense_v, attn_mask_type=mask, seqlens_q=lq, seqlens_kv=lkv)
+    rlp = attention_reference(q_dense(q), dense_k.to(q.dtype), dense_v.to(q.dtype), attn_mask_type=mask, seqlens_q=lq,
+                              seqlens_kv=lkv, compute_dtype=q.dtype)  # fmt: skip
+    check_close("O (paged)", q_dense(out), r32.out, rlp.out, torch.bfloat16)

@@ -50,11 +50,14 @@ class Uid:
     RAGGED_V = 18
     RAGGED_O = 19
     RAGGED_STATS = 20
+    PAGE_TABLE_K = 21  # [b, 1, max_pages_per_seq, 1] int32
+    PAGE_TABLE_V = 22
 
     NAMES = {
         1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
         9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
         16: "ragged_q", 17: "ragged_k", 18: "ragged_v", 19: "ragged_o", 20: "ragged_stats",
+        21: "page_table_k", 22: "page_table_v",
     }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ class F16ArbitrarySeqlen(SubBackend):
     enum = FusedAttnBackend.F16_arbitrary_seqlen
     caps = Capabilities(
         dtypes=frozenset({torch.float16, torch.bfloat16}),
-        layouts=frozenset(l for l in QKVLayout if not layout_info(l).is_paged and l != QKVLayout.bhsd_bhsd_bhsd),
+        layouts=frozenset(l for l in QKVLayout if l != QKVLayout.bhsd_bhsd_bhsd),
         masks=frozenset(m for m in AttnMaskType if m != AttnMaskType.arbitrary),
         bias_types=frozenset({AttnBiasType.no_bias, AttnBiasType.post_scale_bias, AttnBiasType.alibi}),
         softmax_types=frozenset({SoftmaxType.vanilla}),
@@ -35,7 +35,7 @@ class F16ArbitrarySeqlen(SubBackend):
         min_sm=80,
         min_cudnn=90000,
         bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
-        tracking_issue="paged KV layouts: issue #3",
+        tracking_issue=None,
     )
 
     # ------------------------------------------------------------------ rules
@@ -54,6 +54,19 @@ class F16ArbitrarySeqlen(SubBackend):
             why.append(f"THD layouts need cuDNN 9.6 or newer here, got {v}")
         if layout_info(cfg.layout).q_format != layout_info(cfg.layout).kv_format and v is not None and v < 90700:
             why.append(f"mixed q/kv formats ({cfg.layout.name}) need cuDNN 9.7 or newer, got {v}")
+        if cfg.paged is not None:
+            if not cfg.mask.is_padding:
+                why.append(f"paged KV caches need a padding mask (the lengths say how much of each page list is used), got {cfg.mask.name}")
+            if cfg.is_training or direction == Direction.BWD:
+                why.append("paged KV caches are inference-only: cuDNN has no paged backward (use is_training=False)")
+            if v is not None and v < 90500:
+                why.append(f"paged KV caches need cuDNN 9.5 or newer, got {v}")
+            if cfg.ragged_q and v is not None and v < 90700:
+                why.append(f"paged KV with THD queries needs cuDNN 9.7 or newer, got {v}")
+            if v is not None and v < 90900 and max(cfg.d_qk, cfg.d_v) > 128:
+                why.append(f"paged KV with head dims above 128 needs cuDNN 9.9 or newer, got {v}")
+            if cfg.bias_type != AttnBiasType.no_bias or cfg.has_window:
+                why.append("paged KV caches take no bias and no sliding window here")
         if cfg.mask.is_padding and cfg.bias_type == AttnBiasType.post_scale_bias:
             why.append(f"attn_mask_type={cfg.mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
         if cfg.sq == 1 and cfg.skv == 1 and (cfg.is_training or direction == Direction.BWD):
@@ -146,6 +159,13 @@ class F16ArbitrarySeqlen(SubBackend):
             kw["use_padding_mask"] = True
             kw["seq_len_q"] = graph.tensor(name="seq_len_q", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_Q)
             kw["seq_len_kv"] = graph.tensor(name="seq_len_kv", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_KV)
+        if cfg.paged is not None:
+            i32 = cudnn.data_type.INT32
+            pages = cfg.paged[2]
+            for key, uid in (("paged_attention_k_table", Uid.PAGE_TABLE_K), ("paged_attention_v_table", Uid.PAGE_TABLE_V)):
+                kw[key] = graph.tensor(name=Uid.NAMES[uid], dim=[cfg.b, 1, pages, 1], stride=[pages, pages, 1, 1],
+                                       data_type=i32, uid=uid)  # fmt: skip
+            kw["paged_attention_max_seq_len_kv"] = cfg.skv
         if cfg.has_dropout:
             i64 = cudnn.data_type.INT64
             seed = graph.tensor(name="seed", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.SEED)
@@ -173,6 +193,8 @@ class F16ArbitrarySeqlen(SubBackend):
             uids += [Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS]
         if cfg.ragged_kv:
             uids += [Uid.RAGGED_K, Uid.RAGGED_V]
+        if cfg.paged is not None:
+            uids += [Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V]
         return uids
 
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
@@ -189,9 +211,10 @@ class F16ArbitrarySeqlen(SubBackend):
         rag = self._ragged(g, cfg)
         q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q,
                      ragged_offset=rag.get(Uid.RAGGED_Q))  # fmt: skip
-        k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K,
+        kv_b, kv_s = (cfg.paged[0], cfg.paged[1]) if cfg.paged else (cfg.b, cfg.skv)  # page pools
+        k = g.tensor(name="k", dim=[kv_b, cfg.hg, kv_s, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K,
                      ragged_offset=rag.get(Uid.RAGGED_K))  # fmt: skip
-        v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V,
+        v = g.tensor(name="v", dim=[kv_b, cfg.hg, kv_s, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V,
                      ragged_offset=rag.get(Uid.RAGGED_V))  # fmt: skip
         bias = None
         if cfg.bias_type == AttnBiasType.post_scale_bias:
