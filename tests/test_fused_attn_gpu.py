@@ -318,14 +318,17 @@ def test_autograd_function_matches_reference():
         check_close(f"d{name}", to_bhsd(t.grad, layout), want, low, torch.float16)
 
 
-def test_forced_backend_that_declines_raises():
+def test_forced_backend_that_declines_raises_and_default_padding_mask():
     b, h, s = 2, 4, 128
     q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
     with pytest.raises(tc.UnsupportedConfigError, match="F16_max512_seqlen"):
         tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, "F16_max512_seqlen",
                           qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
-    with pytest.raises(tc.UnsupportedConfigError, match="padding masks arrive"):
-        tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd")
+    # TransformerEngine's default mask is "padding": with full-length cu_seqlens it equals no_mask
+    padded, _ = tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd")
+    plain, _ = tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd",
+                                 attn_mask_type="no_mask")  # fmt: skip
+    torch.testing.assert_close(padded, plain, rtol=0, atol=2e-3)
 
 
 def test_direct_launch_matches_public_execute():
