@@ -156,6 +156,21 @@ def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
     return FusedAttnBackend.coerce(value, argument="fused_attention_backend")
 
 
+def _check_result_buffer(name: str, t: Any, shape: tuple, dtype: torch.dtype, q: torch.Tensor) -> None:
+    """A caller-provided result must be a contiguous tensor of the result's shape and dtype."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.device != q.device:
+        raise ValueError(
+            f"{name} must be a contiguous {str(dtype).removeprefix('torch.')} tensor of shape {list(shape)} on "
+            f"{q.device}, got {str(t.dtype).removeprefix('torch.')} {list(t.shape)} stride {tuple(t.stride())} on {t.device}"
+        )
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start on a 16-byte boundary")
+
+
 def _require_cuda(cfg: AttnConfig, q: torch.Tensor) -> RuntimeEnv:
     if cfg.device < 0:
         raise ValueError(
@@ -270,6 +285,9 @@ def fused_attn_fwd(
     window_size: Sequence[int] = (-1, -1),
     bottom_right_diagonal: Optional[bool] = None,
     rng_gen: Optional[torch.Generator] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    softmax_lse: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
 
@@ -294,6 +312,10 @@ def fused_attn_fwd(
     ``skv - sq``); -1 is unbounded. Dropout draws its Philox seed/offset from ``rng_gen``
     (default: the device's CUDA generator), advancing it by 16 as TE does.
 
+    Beyond TransformerEngine: keyword-only ``out`` and ``softmax_lse`` take preallocated,
+    contiguous result tensors (for static buffers and CUDA graphs); they are written and
+    returned instead of new tensors.
+
     Raises:
         TypeError / ValueError: malformed input, naming the argument and its value.
         UnsupportedConfigError: valid input no sub-backend serves; lists every reason.
@@ -315,6 +337,8 @@ def fused_attn_fwd(
         # read them, so later calls only note whether they are given (two fewer C calls each).
         cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
         None if page_table_k is None else (page_table_k.shape, None if page_table_v is None else page_table_v.shape),
+        None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
+        None if softmax_lse is None else (softmax_lse.shape, softmax_lse.stride(), softmax_lse.dtype, softmax_lse.get_device()),
         d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
         and amax_s is None and amax_o is None,
         )  # fmt: skip
@@ -323,20 +347,27 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
-    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())) & 15:
-        _misaligned(q=q, k=k, v=v, attn_bias=attn_bias)
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())
+            | (0 if out is None else out.data_ptr()) | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
+        _misaligned(q=q, k=k, v=v, attn_bias=attn_bias, out=out, softmax_lse=softmax_lse)
     plan = prep.get_plan()
     cfg = prep.cfg
-    if cfg.ragged_q:  # sizes vary per call; padding tokens stay zero (TE zero-fills THD outputs)
+    if out is not None:  # caller-provided results (checked when the signature was first seen)
+        if prep.varlen:
+            out.zero_()
+    elif cfg.ragged_q:  # sizes vary per call; padding tokens stay zero (TE zero-fills THD outputs)
         out = torch.zeros((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device)
-        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
     elif prep.varlen:
         out = torch.zeros_like(q if prep.out_like_q else prep.out_template)
-        stats = torch.empty_like(prep.stats_template)
     else:
         # empty_like is torch's cheapest allocation; the templates are 1-element tensors
         # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
         out = torch.empty_like(q if prep.out_like_q else prep.out_template)
+    if softmax_lse is not None:
+        stats = softmax_lse
+    elif cfg.ragged_q:
+        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
+    else:
         stats = torch.empty_like(prep.stats_template)
     rng_state = _rng_state(prep, rng_gen)
     # Buffers in the builder's uid order: q, k, v, o, stats, (bias), (seed, offset). The
@@ -377,6 +408,9 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         cfg.dtype, d_scale_qkv=a["d_scale_qkv"], d_scale_s=a["d_scale_s"], q_scale_s=a["q_scale_s"],
         q_scale_o=a["q_scale_o"], amax_s=a["amax_s"], amax_o=a["amax_o"],
     )  # fmt: skip
+    _check_result_buffer("out", a["out"], (*a["q"].shape[:-1], cfg.d_v), cfg.dtype, a["q"])
+    stats_shape = (a["q"].shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)
+    _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, torch.float32, a["q"])
     if a["rng_gen"] is not None and not isinstance(a["rng_gen"], torch.Generator):
         raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a['rng_gen']).__name__}")
     env = _require_cuda(cfg, a["q"])

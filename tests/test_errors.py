@@ -317,3 +317,12 @@ def test_bwd_malformed_input(over: dict, exc: type[Exception], match: str) -> No
 def test_bwd_aux_not_a_list() -> None:
     with pytest.raises((TypeError, ValueError), match=r"aux_ctx_tensors"):
         bwd(aux_ctx_tensors=None)
+
+
+def test_preallocated_out_must_match() -> None:
+    with pytest.raises(ValueError, match=r"out must be a contiguous bfloat16 tensor of shape \[2, 16, 4, 64\]"):
+        fwd(out=torch.empty(2, 16, 4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"softmax_lse must be a contiguous float32 tensor of shape \[2, 4, 16, 1\]"):
+        fwd(softmax_lse=torch.empty(2, 4, 16, 1, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="out must be a torch.Tensor or None"):
+        fwd(out="buffer")

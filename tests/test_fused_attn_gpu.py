@@ -364,3 +364,15 @@ def test_misaligned_pointer_is_rejected():
     with pytest.raises(ValueError, match="16-byte aligned.*q"):
         tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None,
                           qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
+
+
+def test_preallocated_out_and_softmax_lse():
+    b, h, s = 2, 4, 128
+    q, k, v = make_qkv(QKVLayout.sbhd_sbhd_sbhd, b, h, h, s, s, 64)
+    cu = _cu(b, s)
+    kw = dict(qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="causal")
+    fresh, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    out, lse = torch.full_like(fresh, float("nan")), torch.full_like(aux[0], float("nan"))
+    got, aux2 = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, out=out, softmax_lse=lse, **kw)
+    assert got is out and aux2[0] is lse
+    assert torch.equal(out, fresh) and torch.equal(lse, aux[0])
