@@ -8,7 +8,8 @@ Layers (data flows down): ``enums`` -> ``layouts`` -> ``config`` -> ``backends``
 same semantics.
 """
 
-from .autograd import AttnOptions, FusedAttnFunc, fused_attention
+from .autograd import AttnOptions, Fp8FusedAttnFunc, FusedAttnFunc, fp8_attention, fused_attention
+from .fp8 import Fp8AttentionMeta
 from .enums import (
     BACKEND_F16arb_ELTS_PER_THREADS,
     BACKEND_FP8_THREADS_PER_CTA,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation",
     "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache",
+    "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention",
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
     "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
     "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",

@@ -17,7 +17,7 @@ import torch
 from .enums import FusedAttnBackend
 from .ops import fused_attn_bwd, fused_attn_fwd
 
-__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention"]
+__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "Fp8FusedAttnFunc", "fp8_attention"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,46 @@ def fused_attention(
     return FusedAttnFunc.apply(
         is_training, q.shape[s_dim], k.shape[s_dim], cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts
     )
+
+
+class Fp8FusedAttnFunc(torch.autograd.Function):
+    """FP8 attention inside a higher-precision model: q, k, v (fp16/bf16) are cast to FP8 with
+    ``meta``'s QKV scale, the fused FP8 kernels run, and O and the gradients come back
+    dequantized in the inputs' dtype (straight-through for the casts). ``meta`` is an
+    :class:`te_cudnn.fp8.Fp8AttentionMeta`; call its ``update()`` once per training step."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, meta, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, options):
+        q8, k8, v8 = (meta.quantize(t, "qkv") for t in (q, k, v))
+        out8, aux = fused_attn_fwd(
+            True, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, q8.dtype,
+            options.fused_attention_backend, attn_scale=options.attn_scale, qkv_layout=options.qkv_layout,
+            attn_mask_type=options.attn_mask_type, **meta.fwd_kwargs(),
+        )  # fmt: skip
+        ctx.save_for_backward(q8, k8, v8, out8, cu_seqlens_q, cu_seqlens_kv, *aux)
+        ctx.meta, ctx.options, ctx.max_seqlens, ctx.dtype = meta, options, (max_seqlen_q, max_seqlen_kv), q.dtype
+        return meta.dequantize(out8, "o").to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q8, k8, v8, out8, cu_q, cu_kv, *aux = ctx.saved_tensors
+        meta, o = ctx.meta, ctx.options
+        d_o8 = meta.quantize(_readable_grad(d_out), "do")
+        dq8, dk8, dv8, _ = fused_attn_bwd(
+            *ctx.max_seqlens, cu_q, cu_kv, q8, k8, v8, out8, d_o8, q8.dtype, aux, o.fused_attention_backend,
+            attn_scale=o.attn_scale, qkv_layout=o.qkv_layout, attn_mask_type=o.attn_mask_type,
+            deterministic=o.deterministic, **meta.bwd_kwargs(),
+        )  # fmt: skip
+        grads = (meta.dequantize(g, "dqkv").to(ctx.dtype) for g in (dq8, dk8, dv8))
+        return (*grads, None, None, None, None, None, None)
+
+
+def fp8_attention(q, k, v, meta, *, cu_seqlens_q=None, cu_seqlens_kv=None, **options: Any) -> torch.Tensor:
+    """Differentiable FP8 fused attention for fp16/bf16 q, k, v (see :class:`Fp8FusedAttnFunc`)."""
+    opts = AttnOptions(**options)
+    from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
+    from .layouts import layout_info  # noqa: PLC0415
+
+    info = layout_info(QKVLayout.coerce(opts.qkv_layout, argument="qkv_layout"))
+    s_dim = 0 if info.q_format == QKVFormat.sbhd else 1
+    return Fp8FusedAttnFunc.apply(q, k, v, meta, q.shape[s_dim], k.shape[s_dim], cu_seqlens_q, cu_seqlens_kv, opts)

@@ -68,6 +68,7 @@ class AttnConfig:
     # Paged KV cache: (num_pages, page_size, max_pages_per_seq); k/v strides are the caches'
     # ([num_pages, hg, page_size, d] in BHSD order) and skv is max_seqlen_kv.
     paged: Optional[tuple[int, int, int]] = None
+    do_dtype: Optional[torch.dtype] = None  # backward: dO (and, for FP8, dQ/dK/dV) dtype when it differs
 
     @property
     def is_ragged(self) -> bool:
@@ -460,7 +461,8 @@ def describe_bwd(
     o, d_o = _tensor("o", o), _tensor("d_o", d_o)
     info = layout_info(fwd.layout)
     for name, t in (("o", o), ("d_o", d_o)):
-        if t.dtype != fwd.dtype:
+        # FP8 recipes may carry dO in E5M2 while q/k/v/o are E4M3 (TE's HYBRID format)
+        if t.dtype != fwd.dtype and not (name == "d_o" and fwd.dtype in FP8_DTYPES and t.dtype in FP8_DTYPES):
             raise TypeError(f"{name}.dtype={t.dtype} differs from q.dtype={fwd.dtype}")
         expected = (*q.shape[:-1], fwd.d_v)
         if tuple(t.shape) != expected:
@@ -500,7 +502,8 @@ def describe_bwd(
             f"o and d_o of a THD layout must be contiguous [t, h, d_v] (they share ragged offsets); got strides "
             f"{tuple(o.stride())} and {tuple(d_o.stride())}"
         )
-    cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride)
+    cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride,
+                  do_dtype=d_o.dtype if d_o.dtype != fwd.dtype else None)
     return cfg, stats, rng_state, bias
 
 

@@ -182,24 +182,27 @@ def packed_qkv_views(buffer: torch.Tensor, group: QKVLayoutGroup) -> tuple[torch
 
 
 def alloc_qkv_grads(
-    layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zero: bool = False
+    layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zero: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in the layout's own format: views of one packed buffer where it packs.
-    ``zero=True`` zero-fills them (variable-length batches leave padding positions zero)."""
+    ``zero=True`` zero-fills them (variable-length batches leave padding positions zero);
+    ``dtype`` overrides the inputs' dtype (FP8 gradients in E5M2)."""
     g = _INFOS[layout].group
+    kw = {"zero": zero, "dtype": dtype}
     if g == QKVLayoutGroup.L_3HD:
-        buf = _empty((*q.shape[:-2], 3, *q.shape[-2:]), q, zero=zero)
+        buf = _empty((*q.shape[:-2], 3, *q.shape[-2:]), q, **kw)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
     if g == QKVLayoutGroup.L_H3D:
-        buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q, zero=zero)
+        buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q, **kw)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
-    dq = _empty(q.shape, q, zero=zero)
+    dq = _empty(q.shape, q, **kw)
     if g == QKVLayoutGroup.L_HD_2HD:
-        dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k, zero=zero), g)
+        dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k, **kw), g)
     elif g == QKVLayoutGroup.L_HD_H2D:
-        dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k, zero=zero), g)
+        dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k, **kw), g)
     else:
-        dk, dv = _empty(k.shape, k, zero=zero), _empty(v.shape, v, zero=zero)
+        dk, dv = _empty(k.shape, k, **kw), _empty(v.shape, v, **kw)
     return dq, dk, dv
 
 

@@ -58,6 +58,7 @@ class _Prepared:
     mult_q: Optional[torch.Tensor] = None  # elements per token of q, o, stats (THD q side)
     mult_kv: Optional[torch.Tensor] = None  # elements per token of k, v (THD kv side)
     mult_all: Optional[torch.Tensor] = None  # q, o, stats, k, v (both sides THD)
+    fp8: bool = False
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -183,10 +184,59 @@ def _require_cuda(cfg: AttnConfig, q: torch.Tensor) -> RuntimeEnv:
     return env
 
 
-def _check_no_fp8_args(dtype: torch.dtype, **tensors: Any) -> None:
+def _check_no_fp8_args(dtype: torch.dtype, q: Optional[torch.Tensor] = None, offsets: Optional[dict] = None,
+                       **tensors: Any) -> None:
+    """F16 calls take no FP8 scaling tensors; FP8 calls need every one of them, each an fp32
+    vector on q's device with a slot at its offset (TE's explicit-tensor FP8 interface)."""
     given = [name for name, t in tensors.items() if t is not None]
-    if given and dtype in (torch.float16, torch.bfloat16):
-        raise ValueError(f"{', '.join(given)} are FP8 scaling arguments, but q is {str(dtype).removeprefix('torch.')}")
+    if dtype in (torch.float16, torch.bfloat16):
+        if given:
+            raise ValueError(f"{', '.join(given)} are FP8 scaling arguments, but q is {str(dtype).removeprefix('torch.')}")
+        return
+    for name, t in tensors.items():
+        offset = (offsets or {}).get(name, 0)
+        if t is None:
+            raise ValueError(f"{name} is required for FP8 attention (fp32 metadata tensor, slot {offset})")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32 or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-d float32 tensor (an FP8 metadata table), got {t.dtype} {list(t.shape)}")
+        if q is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; FP8 scales are read on the device")
+        if not 0 <= offset < t.shape[0]:
+            raise ValueError(f"{name}_offset={offset} is outside {name} of length {t.shape[0]}")
+
+
+def _fp8_sig(tensors: tuple, offsets: tuple) -> tuple:
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors) + offsets
+
+
+def fp8_fwd_operands(d_scale_qkv, qkv_off, d_scale_s, ds_off, q_scale_s, qs_off, q_scale_o, qo_off, amax_s, as_off,
+                     amax_o, ao_off) -> list[torch.Tensor]:  # fmt: skip
+    """FP8 forward operands in the graph's order (``backends.fp8.FWD_SCALARS`` + amax_s, amax_o):
+    descale_q = descale_k = descale_v = d_scale_qkv[META_QKV]; descale_s = d_scale_s[META_S];
+    scale_s = q_scale_s[META_S]; scale_o = q_scale_o[META_O]; amaxes written to
+    amax_s[META_S] and amax_o[META_O] (offsets as given)."""
+    qkv = _slot(d_scale_qkv, qkv_off)
+    return [qkv, qkv, qkv, _slot(d_scale_s, ds_off), _slot(q_scale_s, qs_off), _slot(q_scale_o, qo_off),
+            _slot(amax_s, as_off), _slot(amax_o, ao_off)]  # fmt: skip
+
+
+def fp8_bwd_operands(amax3, d_scale_qkv, qkv_off, d_scale_o, do_off, d_scale_do, ddo_off, d_scale_s, ds_off, d_scale_dp,
+                     ddp_off, q_scale_s, qs_off, q_scale_dqkv, qdqkv_off, q_scale_dp, qdp_off, amax_dp, adp_off):  # fmt: skip
+    """FP8 backward operands in the graph's order (``backends.fp8.BWD_SCALARS`` + the four
+    amaxes): dQ/dK/dV amaxes land in ``amax3`` and are reduced into ``amax_dqkv[META_DQKV]``."""
+    qkv, dqkv = _slot(d_scale_qkv, qkv_off), _slot(q_scale_dqkv, qdqkv_off)
+    return [
+        qkv, qkv, qkv, _slot(d_scale_o, do_off), _slot(d_scale_do, ddo_off), _slot(d_scale_s, ds_off),
+        _slot(d_scale_dp, ddp_off), _slot(q_scale_s, qs_off), dqkv, dqkv, dqkv, _slot(q_scale_dp, qdp_off),
+        amax3[0:1], amax3[1:2], amax3[2:3], _slot(amax_dp, adp_off),
+    ]  # fmt: skip
+
+
+def _slot(table: torch.Tensor, offset: int) -> torch.Tensor:
+    """Slot ``offset`` of a 1-d metadata table as the [1, 1, 1, 1] operand a graph declares."""
+    return table.as_strided((1, 1, 1, 1), (1, 1, 1, 1), table.storage_offset() + offset * table.stride(0))
 
 
 def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Tensor:
@@ -339,8 +389,10 @@ def fused_attn_fwd(
         None if page_table_k is None else (page_table_k.shape, None if page_table_v is None else page_table_v.shape),
         None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
         None if softmax_lse is None else (softmax_lse.shape, softmax_lse.stride(), softmax_lse.dtype, softmax_lse.get_device()),
-        d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
-        and amax_s is None and amax_o is None,
+        None if d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
+        and amax_s is None and amax_o is None else _fp8_sig(
+            (d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
+            (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset, amax_o_offset)),
         )  # fmt: skip
         prep = _fwd_memo.get(sig)
     except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
@@ -378,6 +430,10 @@ def fused_attn_fwd(
         buffers.append(attn_bias)
     if prep.rng_increment:
         buffers.extend(_seed_offset(rng_state))
+    if prep.fp8:
+        buffers += fp8_fwd_operands(d_scale_qkv, d_scale_qkv_offset, d_scale_s, d_scale_s_offset, q_scale_s,
+                                    q_scale_s_offset, q_scale_o, q_scale_o_offset, amax_s, amax_s_offset, amax_o,
+                                    amax_o_offset)  # fmt: skip
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     if cfg.paged is not None:
@@ -404,10 +460,8 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         softmax_type=a["softmax_type"], window_size=a["window_size"],
         bottom_right_diagonal=a["bottom_right_diagonal"],
     )  # fmt: skip
-    _check_no_fp8_args(
-        cfg.dtype, d_scale_qkv=a["d_scale_qkv"], d_scale_s=a["d_scale_s"], q_scale_s=a["q_scale_s"],
-        q_scale_o=a["q_scale_o"], amax_s=a["amax_s"], amax_o=a["amax_o"],
-    )  # fmt: skip
+    fp8_names = ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")
+    _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
     _check_result_buffer("out", a["out"], (*a["q"].shape[:-1], cfg.d_v), cfg.dtype, a["q"])
     stats_shape = (a["q"].shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)
     _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, torch.float32, a["q"])
@@ -428,6 +482,7 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         out_template=_template(out_shape, cfg.dtype, a["q"].device),
         stats_template=_template((cfg.b, cfg.h, cfg.sq, 1), torch.float32, a["q"].device),
         varlen=cfg.mask.is_padding or cfg.is_ragged,
+        fp8=backend.enum == FusedAttnBackend.FP8,
         **_mult_fields(cfg, a["q"].device),
     )
     _remember(_fwd_memo, sig, prep)
@@ -505,8 +560,12 @@ def fused_attn_bwd(
         tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
         len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:3]),
         cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
-        all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
-                                q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)),
+        None if all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
+                                         q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)) else _fp8_sig(
+            (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s, q_scale_dp, q_scale_dqkv, amax_dp,
+             amax_dqkv),
+            (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
+             q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
     )  # fmt: skip
         prep = _bwd_memo.get(sig)
     except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
@@ -517,7 +576,7 @@ def fused_attn_bwd(
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
-    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen)
+    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
     # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
     buffers = [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv]
     dbias = None
@@ -529,9 +588,19 @@ def fused_attn_bwd(
             buffers.append(dbias)
     if cfg.has_dropout:
         buffers.extend(_seed_offset(aux_ctx_tensors[1]))
+    amax3 = None
+    if prep.fp8:
+        amax3 = torch.empty((3, 1, 1, 1), dtype=torch.float32, device=prep.device)  # dQ, dK, dV amaxes
+        buffers += fp8_bwd_operands(
+            amax3, d_scale_qkv, d_scale_qkv_offset, d_scale_o, d_scale_o_offset, d_scale_do, d_scale_do_offset,
+            d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s, q_scale_s_offset, q_scale_dqkv,
+            q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset, amax_dp, amax_dp_offset,
+        )  # fmt: skip
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _execute(plan, buffers, prep.device)
+    if amax3 is not None:  # one META_DQKV slot holds the amax of dQ, dK and dV together
+        torch.amax(amax3.view(3, 1), dim=0, out=amax_dqkv.narrow(0, amax_dqkv_offset, 1))
     return [dq, dk, dv, dbias]
 
 
@@ -561,11 +630,9 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         bottom_right_diagonal=a["bottom_right_diagonal"],
     )  # fmt: skip
     cfg, *_ = describe_bwd(fwd, q=a["q"], o=a["o"], d_o=a["d_o"], aux_ctx_tensors=aux, deterministic=a["deterministic"])
-    _check_no_fp8_args(
-        cfg.dtype, d_scale_qkv=a["d_scale_qkv"], d_scale_s=a["d_scale_s"], d_scale_o=a["d_scale_o"],
-        d_scale_do=a["d_scale_do"], d_scale_dp=a["d_scale_dp"], q_scale_s=a["q_scale_s"],
-        q_scale_dp=a["q_scale_dp"], q_scale_dqkv=a["q_scale_dqkv"], amax_dp=a["amax_dp"], amax_dqkv=a["amax_dqkv"],
-    )  # fmt: skip
+    fp8_names = ("d_scale_qkv", "d_scale_s", "d_scale_o", "d_scale_do", "d_scale_dp", "q_scale_s", "q_scale_dp",
+                 "q_scale_dqkv", "amax_dp", "amax_dqkv")  # fmt: skip
+    _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
     env = _require_cuda(cfg, a["q"])
     backend = select(cfg, env, forced, Direction.BWD)
     prep = _Prepared(
@@ -577,6 +644,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         device=a["q"].device,
         rng_increment=0,
         varlen=cfg.mask.is_padding or cfg.is_ragged,
+        fp8=backend.enum == FusedAttnBackend.FP8,
         **_mult_fields(cfg, a["q"].device),
     )
     _remember(_bwd_memo, sig, prep)

@@ -17,7 +17,7 @@ import torch
 
 from te_cudnn.enums import AttnBiasType, AttnMaskType
 
-__all__ = ["ReferenceOutput", "alibi_slopes", "allowed_mask", "attention_reference"]
+__all__ = ["ReferenceOutput", "Fp8ReferenceOutput", "alibi_slopes", "allowed_mask", "attention_reference", "attention_reference_fp8"]
 
 
 class ReferenceOutput(NamedTuple):
@@ -233,3 +233,48 @@ def attention_reference(
     if dropout_p > 0.0:
         probs = probs * dropout_keep_mask.to(q.device) / (1.0 - dropout_p)
     return ReferenceOutput(out=probs @ vf, lse=lse)
+
+
+class Fp8ReferenceOutput(NamedTuple):
+    out: torch.Tensor  # dequantized FP8 output, fp32 [b, h, sq, d_v]
+    out8: torch.Tensor  # the FP8 output itself
+    amax_s: torch.Tensor  # max of softmax(S) before quantization (0-d)
+    amax_o: torch.Tensor  # max |O| before quantization (0-d)
+
+
+def attention_reference_fp8(
+    q8: torch.Tensor,
+    k8: torch.Tensor,
+    v8: torch.Tensor,
+    *,
+    descale_qkv: torch.Tensor | float,
+    scale_s: torch.Tensor | float,
+    descale_s: torch.Tensor | float,
+    scale_o: torch.Tensor | float,
+    attn_scale: float | None = None,
+    attn_mask_type: AttnMaskType | str = "no_mask",
+    seqlens_q: torch.Tensor | None = None,
+    seqlens_kv: torch.Tensor | None = None,
+    fmt: torch.dtype = torch.float8_e4m3fn,
+) -> Fp8ReferenceOutput:
+    """FP8 emulation of the fused FP8 forward (delayed scaling): dequantize q, k, v; compute
+    softmax(S) in fp32; quantize it with ``scale_s`` (as the kernel does before P·V), dequantize
+    with ``descale_s``; O = P·V in fp32, quantized with ``scale_o``. Inputs are logical BHSD FP8
+    tensors; masks as :func:`attention_reference`."""
+    q, k, v = (t.float() * descale_qkv for t in (q8, k8, v8))
+    h, hg = q.shape[1], k.shape[1]
+    if hg != h:
+        k, v = k.repeat_interleave(h // hg, dim=1), v.repeat_interleave(h // hg, dim=1)
+    scale = attn_scale if attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = scale * q @ k.transpose(-2, -1)
+    allowed = allowed_mask(q.shape[2], k.shape[2], attn_mask_type=attn_mask_type, seqlens_q=seqlens_q,
+                           seqlens_kv=seqlens_kv, device=q.device)  # fmt: skip
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    fmax = 448.0 if fmt == torch.float8_e4m3fn else 57344.0
+    amax_s = probs.amax()
+    p8 = (probs * scale_s).clamp(-fmax, fmax).to(fmt).float() * descale_s
+    out = p8 @ v
+    amax_o = out.abs().amax()
+    out8 = (out * scale_o).clamp(-fmax, fmax).to(fmt)
+    return Fp8ReferenceOutput(out8.float() / scale_o, out8, amax_s, amax_o)

@@ -136,8 +136,8 @@ DECLINED = [
     ("thd_cudnn95", dict(layout="thd_th2d", mask="padding_causal", h=16, hg=4,
                          env=RuntimeEnv(sm=90, cudnn_version=90500)),
      "THD layouts need cuDNN 9.6 or newer here, got 90500"),
-    ("fp8_dtype", dict(dtype=FP8, d=128), "dtype=float8_e4m3fn (supported: bfloat16, float16)"),
-    ("fp8_e5m2_dtype", dict(dtype=torch.float8_e5m2, d=128), "dtype=float8_e5m2 (supported: bfloat16, float16)"),
+    ("fp8_dtype_d64", dict(dtype=FP8, d=64), "dtype=float8_e4m3fn (supported: bfloat16, float16)"),
+    ("fp8_e5m2_dtype_d64", dict(dtype=torch.float8_e5m2, d=64), "dtype=float8_e5m2 (supported: bfloat16, float16)"),
     ("sq_skv_1_training", dict(sq=1, skv=1), "cuDNN's SDPA backward does not support sq = skv = 1"),
     ("deterministic_sm80", dict(deterministic=True, env=SM80), "a deterministic backward needs sm90 or newer, got sm80"),
     ("cudnn_9_10_0", dict(env=RuntimeEnv(sm=90, cudnn_version=91000)), "cuDNN 91000 has known bugs for this sub-backend"),
@@ -184,13 +184,17 @@ def test_accepted_edge_cases(over: dict) -> None:
     assert ex.backend is FusedAttnBackend.F16_arbitrary_seqlen
 
 
-def test_fp8_declined_by_every_backend() -> None:
+def test_fp8_inputs_select_fp8_and_only_fp8() -> None:
     ex = explain(dtype=FP8, d=128, mask="causal")
-    assert ex.backend is FusedAttnBackend.No_Backend
+    assert ex.backend is FusedAttnBackend.FP8 and ex.reasons[F8] == []
     for name in (ARB, M512):
         assert _has(ex.reasons[name], "dtype=float8_e4m3fn (supported: bfloat16, float16)"), ex.reasons[name]
-    # FP8 accepts the dtype and shapes; it is declined only as not implemented yet
-    assert ex.reasons[F8] == ["its graph builders are not implemented in this release (issue #4)"]
+    # Hopper's FP8 backward needs d = 128: training at d = 64 is declined, inference is served
+    ex = explain(dtype=FP8, d=64, mask="causal")
+    assert ex.backend is FusedAttnBackend.No_Backend
+    assert _has(ex.reasons[F8], "cuDNN's FP8 backward on Hopper needs d_qk = d_v = 128, got 64/64")
+    # F16 inputs never select FP8
+    assert explain(d=128, mask="causal").backend is FusedAttnBackend.F16_arbitrary_seqlen
 
 
 def test_max512_declined_only_as_not_implemented_where_te_served_it() -> None:
@@ -229,7 +233,7 @@ def test_select_raises_listing_all_sub_backends() -> None:
     for name in (ARB, M512, F8):
         assert re.search(rf"^  {name} declined because:$", msg, re.M), msg
     assert "    - attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias, alibi)" in msg
-    assert "issue #6" in msg and "issue #4" in msg
+    assert "issue #6" in msg and "FP8 declined because" in msg
 
 
 def test_select_forced_max512_raises_issue_6() -> None:
@@ -240,8 +244,8 @@ def test_select_forced_max512_raises_issue_6() -> None:
     assert list(ei.value.reasons) == [FusedAttnBackend.F16_max512_seqlen]
 
 
-def test_select_forced_fp8_raises_issue_4() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"issue #4") as ei:
+def test_select_forced_fp8_on_bf16_raises() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"requested FP8") as ei:
         select(_cfg(), HOPPER_CUDNN_919, forced=FusedAttnBackend.FP8)
     assert _has(ei.value.reasons[FusedAttnBackend.FP8], "dtype=bfloat16 (supported: float8_e4m3fn, float8_e5m2)")
 

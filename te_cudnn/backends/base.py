@@ -52,12 +52,35 @@ class Uid:
     RAGGED_STATS = 20
     PAGE_TABLE_K = 21  # [b, 1, max_pages_per_seq, 1] int32
     PAGE_TABLE_V = 22
+    # FP8 scaling operands, fp32 [1, 1, 1, 1] views into the caller's metadata tensors
+    DESCALE_Q = 30
+    DESCALE_K = 31
+    DESCALE_V = 32
+    DESCALE_S = 33
+    SCALE_S = 34
+    SCALE_O = 35
+    AMAX_S = 36
+    AMAX_O = 37
+    DESCALE_O = 38
+    DESCALE_DO = 39
+    DESCALE_DP = 40
+    SCALE_DQ = 41
+    SCALE_DK = 42
+    SCALE_DV = 43
+    SCALE_DP = 44
+    AMAX_DQ = 45
+    AMAX_DK = 46
+    AMAX_DV = 47
+    AMAX_DP = 48
 
     NAMES = {
         1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
         9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
         16: "ragged_q", 17: "ragged_k", 18: "ragged_v", 19: "ragged_o", 20: "ragged_stats",
         21: "page_table_k", 22: "page_table_v",
+        30: "descale_q", 31: "descale_k", 32: "descale_v", 33: "descale_s", 34: "scale_s", 35: "scale_o",
+        36: "amax_s", 37: "amax_o", 38: "descale_o", 39: "descale_do", 40: "descale_dp", 41: "scale_dq",
+        42: "scale_dk", 43: "scale_dv", 44: "scale_dp", 45: "amax_dq", 46: "amax_dk", 47: "amax_dv", 48: "amax_dp",
     }  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from ..config import AttnConfig
 from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
 from ..layouts import layout_info
 from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
+from ._common import padding_kwargs
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["F16ArbitrarySeqlen"]
@@ -153,12 +154,7 @@ class F16ArbitrarySeqlen(SubBackend):
             )
         if cfg.bias_type == AttnBiasType.alibi:
             kw["use_alibi_mask"] = True
-        if cfg.mask.is_padding:
-            i32 = cudnn.data_type.INT32
-            dims = [cfg.b, 1, 1, 1]
-            kw["use_padding_mask"] = True
-            kw["seq_len_q"] = graph.tensor(name="seq_len_q", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_Q)
-            kw["seq_len_kv"] = graph.tensor(name="seq_len_kv", dim=dims, stride=[1, 1, 1, 1], data_type=i32, uid=Uid.SEQ_LEN_KV)
+        kw.update(padding_kwargs(graph, cfg))
         if cfg.paged is not None:
             i32 = cudnn.data_type.INT32
             pages = cfg.paged[2]
