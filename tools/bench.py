@@ -308,30 +308,67 @@ def varlen_bench(iters: int) -> dict:
     return res
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default="test_0,test_1,test_3")
-    p.add_argument("--iters", type=int, default=50, help="timed rounds per contender (interleaved)")
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
-    env = current_env()
-    print(f"{env.describe()}; torch {torch.__version__}")
-    rows = [bench_config(BENCHMARK_CONFIGS[n], args.iters) for n in args.configs.split(",")]
-    names = (TeCudnn.name, HandBuilt.name, TorchSdpaCudnn.name)
+def fp8_bench(names: list[str], iters: int) -> dict:
+    """FP8 (E4M3 forward, E5M2 backward, delayed scaling) vs bf16, forward and backward
+    separately, CUDA-graph replay, interleaved; TFLOP/s count only unmasked scores."""
+    from te_cudnn.fp8 import Fp8AttentionMeta
+
+    res = {}
+    for name in names:
+        cfg = BENCHMARK_CONFIGS[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = make_qkv(LAYOUT, cfg.b, cfg.h, cfg.hg, cfg.sq, cfg.skv, cfg.d, generator=gen)
+        d_o = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
+        cu_q = torch.arange(0, (cfg.b + 1) * cfg.sq, cfg.sq, dtype=torch.int32, device="cuda")
+        cu_kv = torch.arange(0, (cfg.b + 1) * cfg.skv, cfg.skv, dtype=torch.int32, device="cuda")
+        kw = dict(qkv_layout=LAYOUT.name, attn_mask_type=cfg.mask)
+        meta = Fp8AttentionMeta(device="cuda")
+        for t in (q, k, v):
+            meta.quantize(t, "qkv")
+        meta.fwd.amax_history[0, 3] = v.abs().max()
+        meta.fwd.amax_history[0, 8] = 1.0
+        meta.bwd.amax_history[0, :] = 1.0
+        meta.update()
+        q8, k8, v8 = (meta.quantize(t, "qkv") for t in (q, k, v))
+        d_o8 = meta.quantize(d_o, "do")
+        fk, bk = meta.fwd_kwargs(), meta.bwd_kwargs()
+        o16, aux16 = tc.fused_attn_fwd(True, cfg.sq, cfg.skv, cu_q, cu_kv, q, k, v, q.dtype, None, **kw)
+        o8, aux8 = tc.fused_attn_fwd(True, cfg.sq, cfg.skv, cu_q, cu_kv, q8, k8, v8, q8.dtype, None, **kw, **fk)
+        fns = {
+            "bf16 fwd": lambda: tc.fused_attn_fwd(True, cfg.sq, cfg.skv, cu_q, cu_kv, q, k, v, q.dtype, None, **kw),
+            "fp8 fwd": lambda: tc.fused_attn_fwd(True, cfg.sq, cfg.skv, cu_q, cu_kv, q8, k8, v8, q8.dtype, None, **kw, **fk),
+            "bf16 bwd": lambda: tc.fused_attn_bwd(cfg.sq, cfg.skv, cu_q, cu_kv, q, k, v, o16, d_o, q.dtype, aux16, None, **kw),
+            "fp8 bwd": lambda: tc.fused_attn_bwd(cfg.sq, cfg.skv, cu_q, cu_kv, q8, k8, v8, o8, d_o8, q8.dtype, aux8, None,
+                                                 **kw, **bk),
+        }  # fmt: skip
+        ms = interleaved_medians({n: graphed(fn) for n, fn in fns.items()}, iters)
+        f_flops, b_flops = cfg.flops()
+        res[name] = {n: {"ms": t / REPEATS_PER_GRAPH, "tflops": (f_flops if "fwd" in n else b_flops) / (t / REPEATS_PER_GRAPH) / 1e9}
+                     for n, t in ms.items()}  # fmt: skip
+    return res
+
+
+def report_dense(names: list[str], iters: int) -> list:
+    rows = [bench_config(BENCHMARK_CONFIGS[n], iters) for n in names]
+    contenders = (TeCudnn.name, HandBuilt.name, TorchSdpaCudnn.name)
     print("\nfwd+bwd milliseconds per iteration, median (graph = CUDA-graph replay: device time; eager = events around eager calls)")
-    print(f"{'config':8}" + "".join(f"{n + ' graph':>26}{'eager':>9}" for n in names) + f"{'te/hand (graph)':>17}{'te/hand (eager)':>17}")
+    print(f"{'config':8}" + "".join(f"{n + ' graph':>26}{'eager':>9}" for n in contenders) + f"{'te/hand (graph)':>17}{'te/hand (eager)':>17}")
     for r in rows:
         line = f"{r['config']:8}"
-        for n in names:
+        for n in contenders:
             cell = r[n]
             line += f"{'ERR':>26}{'':>9}" if "error" in cell else f"{cell['graph_ms']:26.4f}{cell['eager_ms']:9.4f}"
         te, hand = r[TeCudnn.name], r[HandBuilt.name]
         if "error" not in te and "error" not in hand:
             line += f"{te['graph_ms'] / hand['graph_ms']:17.4f}{te['eager_ms'] / hand['eager_ms']:17.4f}"
         print(line)
-        for n in names:
+        for n in contenders:
             if "error" in r[n]:
                 print(f"   {n}: {r[n]['error']}")
+    return rows
+
+
+def report_host() -> dict:
     host = host_us()
     print("\nhost microseconds per cached forward call (b=1, h=1, s=64, d=64), median of 15 interleaved rounds x 2000 calls")
     te = host["te_cudnn fused_attn_fwd"]
@@ -339,7 +376,11 @@ def main(argv=None) -> int:
         print(f"  {name:40} {us:7.2f}" + ("" if name.startswith("te_cudnn") else f"   te_cudnn minus this: {te - us:+6.2f}"))
     pre, bare = host["te_cudnn, preallocated out/softmax_lse"], host["bare graph.execute (ordered)"]
     print(f"  like for like, outputs preallocated: te_cudnn {pre:.2f} vs bare ordered execute {bare:.2f} = {pre - bare:+.2f}")
-    vl = varlen_bench(args.iters)
+    return host
+
+
+def report_varlen(iters: int) -> dict:
+    vl = varlen_bench(iters)
     print(f"\nvariable length: {len(vl['lengths'])} sequences, {vl['tokens']} tokens ({vl['padded_tokens']} when padded "
           f"to 2048), h=16, d=128, bf16, padding_causal, fwd+bwd ms per iteration (median)")  # fmt: skip
     for name in ("THD (thd_thd_thd)", "padded bshd (bshd_bshd_bshd)"):
@@ -347,9 +388,42 @@ def main(argv=None) -> int:
     thd, pad = vl["THD (thd_thd_thd)"], vl["padded bshd (bshd_bshd_bshd)"]
     print(f"  THD / padded: graph {thd['graph_ms'] / pad['graph_ms']:.3f}, eager {thd['eager_ms'] / pad['eager_ms']:.3f}")
     print(f"  plans built over 50 random-composition THD batches (1-8 sequences of 1-256 tokens): {vl['plans_built_50_batches']}")
+    return vl
+
+
+def report_fp8(iters: int) -> dict:
+    f8 = fp8_bench(["test_1", "test_3"], iters)
+    print("\nFP8 (E4M3 fwd, E5M2 bwd, delayed scaling) vs bf16, bshd, CUDA-graph replay, median ms and TFLOP/s")
+    for name, r in f8.items():
+        cells = "  ".join(f"{n} {r[n]['ms']:.4f} ms {r[n]['tflops']:6.1f} TF/s" for n in ("bf16 fwd", "fp8 fwd", "bf16 bwd", "fp8 bwd"))
+        print(f"  {name}: {cells}")
+        print(f"  {name}: fp8/bf16 speed-up fwd {r['bf16 fwd']['ms'] / r['fp8 fwd']['ms']:.2f}x, "
+              f"bwd {r['bf16 bwd']['ms'] / r['fp8 bwd']['ms']:.2f}x")  # fmt: skip
+    return f8
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, choices=("dense", "host", "varlen", "fp8"), help="run one section")
+    p.add_argument("--configs", default="test_0,test_1,test_3")
+    p.add_argument("--iters", type=int, default=50, help="timed rounds per contender (interleaved)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    env = current_env()
+    print(f"{env.describe()}; torch {torch.__version__}")
+    out: dict = {"env": env.describe()}
+    run = (lambda section: args.only in (None, section))  # noqa: E731
+    if run("dense"):
+        out["rows"] = report_dense(args.configs.split(","), args.iters)
+    if run("host"):
+        out["host_us"] = report_host()
+    if run("varlen"):
+        out["varlen"] = report_varlen(args.iters)
+    if run("fp8"):
+        out["fp8"] = report_fp8(args.iters)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env.describe(), "rows": rows, "host_us": host, "varlen": vl}, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 
