@@ -69,13 +69,15 @@ def test_fp8_forward_backward(layout, mask):
     assert out8.dtype == E4M3
     f = meta.fwd
     qb, kb, vb = (to_bhsd(t, layout) for t in (q8, k8, v8))
+    lens = dict(seqlens_q=cu.diff(), seqlens_kv=cu.diff()) if "padding" in mask else {}  # full-length sequences
     emu = attention_reference_fp8(qb, kb, vb, descale_qkv=f.scale_inv[META_QKV], scale_s=f.scale[META_S],
-                                  descale_s=f.scale_inv[META_S], scale_o=f.scale[META_O], attn_mask_type=mask)  # fmt: skip
+                                  descale_s=f.scale_inv[META_S], scale_o=f.scale[META_O], attn_mask_type=mask,
+                                  **lens)  # fmt: skip
     out = to_bhsd(out8, layout).float() * f.scale_inv[META_O]
     assert rmse_range(out, emu.out) < RMSE_VS_EMULATION
     deq = [t.float() * f.scale_inv[META_QKV] for t in (qb, kb, vb)]
     leaves = [t.clone().requires_grad_() for t in deq]
-    ref = attention_reference(*leaves, attn_mask_type=mask)
+    ref = attention_reference(*leaves, attn_mask_type=mask, **lens)
     assert rmse_range(out, ref.out) < RMSE_VS_FP32
     # amaxes written by the kernel: softmax max and |O| max before quantization
     torch.testing.assert_close(f.amax_history[0, META_S], emu.amax_s, rtol=0.02, atol=0)
