@@ -114,29 +114,37 @@ def test_non_reciprocal_scales_are_used_as_given():
 
 
 def test_fp8_training_loop_tracks_bf16():
-    """200 steps of a toy attention model: the FP8 loss curve tracks the bf16 one."""
-    torch.manual_seed(0)
+    """200 steps of a toy attention model learning a teacher of the same shape (plus noise, so
+    the loss plateaus at the noise level instead of at zero): the FP8 loss curve tracks bf16."""
     b, s, h, d, dm = 4, 128, 4, 128, 256
-    x = torch.randn(b, s, dm, device="cuda")
-    target = torch.randn(b, s, dm, device="cuda") * 0.5
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
 
-    def make():
-        torch.manual_seed(1)
+    def model(seed):
+        torch.manual_seed(seed)
         return torch.nn.Linear(dm, 3 * h * d).cuda(), torch.nn.Linear(h * d, dm).cuda()
 
+    def forward(proj, out_proj, x, attend):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            qkv = proj(x).view(b, s, 3, h, d)
+        q, k, v = (t.to(torch.bfloat16) for t in qkv.unbind(2))
+        return out_proj(attend(q, k, v).reshape(b, s, h * d).float())
+
+    torch.manual_seed(0)
+    x = torch.randn(b, s, dm, device="cuda")
+    with torch.no_grad():
+        teacher = model(7)
+        target = forward(*teacher, x, lambda q, k, v: tc.fused_attention(q, k, v, **kw)) * 4
+        target += 0.3 * torch.randn_like(target)
+
     def run(fp8: bool) -> list[float]:
-        proj, out_proj = make()
-        opt = torch.optim.Adam(list(proj.parameters()) + list(out_proj.parameters()), lr=1e-3)
+        proj, out_proj = model(1)
+        opt = torch.optim.Adam(list(proj.parameters()) + list(out_proj.parameters()), lr=3e-4)
         meta = Fp8AttentionMeta(device="cuda")
+        attend = (lambda q, k, v: tc.fp8_attention(q, k, v, meta, **kw)) if fp8 else (
+            lambda q, k, v: tc.fused_attention(q, k, v, **kw))
         losses = []
         for _ in range(200):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                qkv = proj(x).view(b, s, 3, h, d)
-            q, k, v = (t.to(torch.bfloat16) for t in qkv.unbind(2))
-            kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
-            a = tc.fp8_attention(q, k, v, meta, **kw) if fp8 else tc.fused_attention(q, k, v, **kw)
-            y = out_proj(a.reshape(b, s, h * d).float())
-            loss = torch.nn.functional.mse_loss(y, target)
+            loss = torch.nn.functional.mse_loss(forward(proj, out_proj, x, attend), target)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -146,7 +154,8 @@ def test_fp8_training_loop_tracks_bf16():
         return losses
 
     bf16, fp8 = run(False), run(True)
-    assert bf16[-1] < 0.8 * bf16[0], "the bf16 loop must learn"
+    assert bf16[-1] < 0.7 * bf16[0], "the bf16 loop must learn"
     late = [abs(a - b_) / b_ for a, b_ in zip(fp8[-50:], bf16[-50:])]
-    print(f"\nloss bf16 {bf16[0]:.4f} -> {bf16[-1]:.4f}, fp8 {fp8[0]:.4f} -> {fp8[-1]:.4f}, max rel gap (last 50) {max(late):.3f}")
+    print(f"\nloss bf16 {bf16[0]:.4f} -> {bf16[-1]:.4f}, fp8 {fp8[0]:.4f} -> {fp8[-1]:.4f}, "
+          f"max relative gap over the last 50 steps {max(late):.4f}")  # fmt: skip
     assert max(late) < 0.05, f"FP8 loss strays from bf16 by {max(late):.3f}"
