@@ -183,7 +183,7 @@ def test_miss_then_hits() -> None:
     # get() on an absent key returns None and counts nothing
     assert cache.get(_keys(2)[1]) is None
     assert cache.stats().hits == 3 and cache.stats().misses == 1
-    assert s.as_dict() == dict(entries=1, maxsize=4, hits=3, misses=1, builds=1, build_failures=0,
+    assert s.as_dict() == dict(entries=1, maxsize=4, hits=3, misses=1, builds=1, loads=0, build_failures=0,
                                build_seconds=pytest.approx(0.001), evictions=0)  # fmt: skip
 
 

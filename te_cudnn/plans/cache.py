@@ -37,6 +37,7 @@ class CompiledPlan:
     created: float = field(default_factory=time.time)
     evicted: bool = False  # set when the cache drops it; holders then look it up again
     launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
+    source: str = "built"  # "built" here, or "store" (deserialized from the plan store)
 
     def __post_init__(self) -> None:
         if self.launch is None:
@@ -50,6 +51,7 @@ class CompiledPlan:
             "plan_name": self.plan_name,
             "workspace_bytes": self.workspace_size,
             "build_ms": round(self.build_seconds * 1e3, 3),
+            "source": self.source,
             "hits": self.hits,
             "direct_launch": bool(getattr(self.launch, "direct", False)),
         }
@@ -62,6 +64,7 @@ class CacheStats:
     hits: int
     misses: int
     builds: int
+    loads: int  # plans deserialized from the plan store instead of built
     build_failures: int
     build_seconds: float
     evictions: int
@@ -102,6 +105,63 @@ def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
     return CompiledPlan(key, g, spec.uids, workspace, plan_name, time.perf_counter() - start)
 
 
+def _machine_facts(device: int) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+
+    from .. import __version__  # noqa: PLC0415
+    from ..runtime import current_env, frontend_version  # noqa: PLC0415
+
+    env = current_env(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else None
+    return {"gpu": env.device_name, "sm": env.sm, "sm_count": sms, "cudnn": env.cudnn_version,
+            "frontend": frontend_version(), "te_cudnn": __version__}  # fmt: skip
+
+
+_stores: dict[int, Any] = {}
+
+
+def store_for(device: int):
+    """The plan store for a device (None when ``TE_CUDNN_PLAN_STORE=off``)."""
+    if device not in _stores:
+        from .store import default_store  # noqa: PLC0415
+
+        _stores[device] = default_store(_machine_facts(device))
+    return _stores[device]
+
+
+def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
+    """Deserialize the plan from the plan store when it holds it, else build it and store it.
+    A stored plan that fails to load is reported and rebuilt."""
+    import warnings  # noqa: PLC0415
+
+    from ..runtime import cudnn_module  # noqa: PLC0415
+    from .handles import handle_for  # noqa: PLC0415
+
+    store = store_for(key.config.device)
+    desc = key.describe()
+    if store is not None:
+        start = time.perf_counter()
+        entry = store.load(desc)
+        if entry is not None:
+            try:
+                g = cudnn_module().pygraph()
+                g.deserialize(handle_for(key.config.device), entry.blob)
+                return CompiledPlan(key, g, tuple(entry.header["uids"]), int(g.get_workspace_size()),
+                                    entry.header.get("plan_name", "unknown"), time.perf_counter() - start,
+                                    source="store")  # fmt: skip
+            except Exception as exc:  # a plan this cuDNN cannot load: build it again
+                warnings.warn(f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding", stacklevel=2)
+    plan = build_plan(key, make_spec)
+    if store is not None:
+        try:
+            blob = plan.graph.serialize(as_bytes=True)
+            store.save(desc, bytes(blob), {"uids": list(plan.uids), "plan_name": plan.plan_name,
+                                           "build_ms": round(plan.build_seconds * 1e3, 3)})  # fmt: skip
+        except Exception as exc:  # storing is an optimisation: never fail the call for it
+            warnings.warn(f"te_cudnn: could not store plan for {key}: {exc}", stacklevel=2)
+    return plan
+
+
 class PlanCache:
     """Bounded LRU ``PlanKey -> CompiledPlan``; one per process, shared by all threads."""
 
@@ -115,7 +175,7 @@ class PlanCache:
         self._entries: "OrderedDict[PlanKey, CompiledPlan]" = OrderedDict()
         self._building: dict[PlanKey, threading.Event] = {}
         self._lock = threading.Lock()
-        self._hits = self._misses = self._builds = self._failures = self._evictions = 0
+        self._hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
         self._build_seconds = 0.0
 
     # ----------------------------------------------------------------- lookups
@@ -168,8 +228,11 @@ class PlanCache:
                 pending.set()
                 raise
             with self._lock:
-                self._builds += 1
-                self._build_seconds += plan.build_seconds
+                if plan.source == "store":
+                    self._loads += 1
+                else:
+                    self._builds += 1
+                    self._build_seconds += plan.build_seconds
                 self._entries[key] = plan
                 self._evict_to(self.maxsize)
                 del self._building[key]
@@ -189,7 +252,7 @@ class PlanCache:
         """Drop every plan and reset the statistics."""
         with self._lock:
             self._evict_to(0)
-            self._hits = self._misses = self._builds = self._failures = self._evictions = 0
+            self._hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
             self._build_seconds = 0.0
 
     def resize(self, maxsize: int) -> None:
@@ -213,6 +276,7 @@ class PlanCache:
                 hits=self._hits,
                 misses=self._misses,
                 builds=self._builds,
+                loads=self._loads,
                 build_failures=self._failures,
                 build_seconds=self._build_seconds,
                 evictions=self._evictions,
@@ -228,6 +292,16 @@ class PlanCache:
         with self._lock:
             return self._entries.get(key)
 
+    def dump(self, path: str) -> None:
+        """Write the statistics and every plan's description as JSON (``te-cudnn plans list --dump``)."""
+        import json  # noqa: PLC0415
+
+        payload = {"pid": os.getpid(), "time": time.time(), "stats": self.stats().as_dict(), "plans": self.snapshot()}
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, path)
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Per-plan information, least recently used first (JSON-friendly)."""
         with self._lock:
@@ -235,5 +309,20 @@ class PlanCache:
         return [p.info() for p in plans]
 
 
-#: The process-wide cache used by ``fused_attn_fwd`` / ``fused_attn_bwd``.
-plan_cache = PlanCache()
+#: The process-wide cache used by ``fused_attn_fwd`` / ``fused_attn_bwd``; it loads from and
+#: saves to the plan store (``TE_CUDNN_PLAN_STORE``).
+plan_cache = PlanCache(builder=build_or_load_plan)
+
+
+def _dump_at_exit() -> None:
+    path = os.environ.get("TE_CUDNN_PLAN_DUMP")
+    if path:
+        try:
+            plan_cache.dump(path)
+        except OSError:
+            pass
+
+
+import atexit  # noqa: E402
+
+atexit.register(_dump_at_exit)

@@ -21,13 +21,21 @@ _FORCE_PUBLIC = os.environ.get("TE_CUDNN_PUBLIC_EXECUTE", "0") == "1"
 
 
 class PlanLauncher:
-    __slots__ = ("graph", "uids", "direct", "_lowered", "_schema", "_cpp_index")
+    """``launch(buffers, workspace, handle)``: the direct native path when the frontend's
+    internals are there, else the public ordered execute, else (a deserialized plan carries no
+    operand layout) the public uid -> tensor form."""
+
+    __slots__ = ("graph", "uids", "direct", "by_dict", "_lowered", "_schema", "_cpp_index")
 
     def __init__(self, graph: Any, uids: Sequence[int]):
         self.graph = graph
         self.uids = tuple(uids)
         self.direct = False
-        if _FORCE_PUBLIC:
+        try:
+            self.by_dict = graph._prepare_ordered_binding_schema() is None
+        except Exception:
+            self.by_dict = False
+        if _FORCE_PUBLIC or self.by_dict:
             return
         try:
             if graph.selected_engine is not None:  # a python (FROST) engine: keep the public path
@@ -47,7 +55,10 @@ class PlanLauncher:
 
     def __call__(self, buffers: list, workspace: Any, handle: Any) -> None:
         if not self.direct:
-            self.graph.execute(buffers, workspace, handle=handle, tensor_uids=self.uids)
+            if self.by_dict:
+                self.graph.execute(dict(zip(self.uids, buffers)), workspace, handle=handle)
+            else:
+                self.graph.execute(buffers, workspace, handle=handle, tensor_uids=self.uids)
             return
         g, raw_handle = self.graph, handle.backend_handle or 0
         result = self._lowered._execute_ordered(
