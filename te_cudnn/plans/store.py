@@ -36,6 +36,12 @@ MAGIC = b"TECUDNN-PLAN\x01"
 SUFFIX = ".plan"
 
 
+def _canon(value: Any) -> Any:
+    """The JSON form of a description (tuples become lists), so that what is compared after a
+    round trip through a file is what was written."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
 def fingerprint_of(facts: dict[str, Any]) -> str:
     """A short, stable name for everything a serialized plan depends on."""
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
@@ -51,7 +57,7 @@ class StoredPlan:
 class PlanStore:
     def __init__(self, root: os.PathLike | str, facts: dict[str, Any], max_bytes: int = 512 << 20):
         self.root = Path(root)
-        self.facts = dict(facts)
+        self.facts = _canon(dict(facts))
         self.fingerprint = fingerprint_of(self.facts)
         self.dir = self.root / self.fingerprint
         self.max_bytes = max_bytes
@@ -59,7 +65,7 @@ class PlanStore:
     # ------------------------------------------------------------------ names
     @staticmethod
     def entry_name(key_description: dict[str, Any]) -> str:
-        return hashlib.sha256(json.dumps(key_description, sort_keys=True).encode()).hexdigest()[:32]
+        return hashlib.sha256(json.dumps(_canon(key_description), sort_keys=True).encode()).hexdigest()[:32]
 
     def path_for(self, key_description: dict[str, Any]) -> Path:
         return self.dir / (self.entry_name(key_description) + SUFFIX)
@@ -67,6 +73,7 @@ class PlanStore:
     # ------------------------------------------------------------------ write
     def save(self, key_description: dict[str, Any], blob: bytes, meta: Optional[dict[str, Any]] = None) -> Path:
         """Write one plan atomically; returns its path."""
+        key_description = _canon(key_description)
         header = {
             "key": key_description,
             "facts": self.facts,
@@ -117,6 +124,7 @@ class PlanStore:
 
     def load(self, key_description: dict[str, Any]) -> Optional[StoredPlan]:
         """The stored plan for this key and fingerprint, or None (bad files are skipped)."""
+        key_description = _canon(key_description)
         path = self.path_for(key_description)
         if not path.exists():
             return None
