@@ -154,7 +154,8 @@ def cmd_import(args) -> int:
     with tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
-            if not member.isfile() or len(parts) != 2 or not parts[1].endswith(SUFFIX) or ".." in parts:
+            plain = all(part not in ("", ".", "..", "/") and "/" not in part and "\\" not in part for part in parts)
+            if not member.isfile() or Path(member.name).is_absolute() or len(parts) != 2 or not plain or not parts[1].endswith(SUFFIX):
                 skipped.append(member.name)
                 continue
             data = tar.extractfile(member).read()

@@ -117,6 +117,8 @@ class PlanStore:
             header = json.loads(data[start : start + n])
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"unreadable header: {exc}") from None
+        if not isinstance(header, dict):
+            raise ValueError(f"unreadable header: a JSON {type(header).__name__}, not an object")
         blob = data[start + n :]
         if len(blob) != header.get("size") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
             raise ValueError("plan bytes are truncated or corrupted (size/checksum mismatch)")
