@@ -69,6 +69,9 @@ class AttnConfig:
     # ([num_pages, hg, page_size, d] in BHSD order) and skv is max_seqlen_kv.
     paged: Optional[tuple[int, int, int]] = None
     do_dtype: Optional[torch.dtype] = None  # backward: dO (and, for FP8, dQ/dK/dV) dtype when it differs
+    # backward: aux_ctx_tensors[0] is the full softmax S [b, h, sq, skv] a max512 forward saved
+    # (io dtype), not the fp32 softmax stats the flash sub-backends save
+    saved_softmax: bool = False
 
     @property
     def is_ragged(self) -> bool:
@@ -481,10 +484,14 @@ def describe_bwd(
         )
     stats, rng_state = _tensor("aux_ctx_tensors[0]", aux_ctx_tensors[0]), _tensor("aux_ctx_tensors[1]", aux_ctx_tensors[1])
     stats_shape = (q.shape[0], fwd.h, 1) if fwd.ragged_q else (fwd.b, fwd.h, fwd.sq, 1)
-    if stats.dtype != torch.float32 or tuple(stats.shape) != stats_shape or not stats.is_contiguous():
+    softmax_shape = (fwd.b, fwd.h, fwd.sq, fwd.skv)
+    # F16_max512_seqlen saves the full softmax S (io dtype) instead of the fp32 stats
+    saved_softmax = not fwd.ragged_q and stats.dtype == fwd.dtype and tuple(stats.shape) == softmax_shape and fwd.skv > 1
+    if not saved_softmax and (stats.dtype != torch.float32 or tuple(stats.shape) != stats_shape) or not stats.is_contiguous():
         raise ValueError(
-            f"aux_ctx_tensors[0] (softmax stats) must be a contiguous float32 {list(stats_shape)} tensor, got "
-            f"{stats.dtype} {list(stats.shape)} stride {tuple(stats.stride())}"
+            f"aux_ctx_tensors[0] (softmax stats) must be a contiguous float32 {list(stats_shape)} tensor "
+            f"(or, from an F16_max512_seqlen forward, the {str(fwd.dtype).removeprefix('torch.')} softmax "
+            f"{list(softmax_shape)}), got {stats.dtype} {list(stats.shape)} stride {tuple(stats.stride())}"
         )
     if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
         raise ValueError(f"aux_ctx_tensors[1] (rng_state) must be int64 [2], got {rng_state.dtype} {list(rng_state.shape)}")
@@ -503,7 +510,7 @@ def describe_bwd(
             f"{tuple(o.stride())} and {tuple(d_o.stride())}"
         )
     cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride,
-                  do_dtype=d_o.dtype if d_o.dtype != fwd.dtype else None)
+                  do_dtype=d_o.dtype if d_o.dtype != fwd.dtype else None, saved_softmax=saved_softmax)
     return cfg, stats, rng_state, bias
 
 

@@ -10,7 +10,7 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -59,6 +59,11 @@ class _Prepared:
     mult_kv: Optional[torch.Tensor] = None  # elements per token of k, v (THD kv side)
     mult_all: Optional[torch.Tensor] = None  # q, o, stats, k, v (both sides THD)
     fp8: bool = False
+    softmax_aux: bool = False  # F16_max512_seqlen: aux[0] is the full softmax S, not fp32 stats
+    plain: bool = False  # forward binds q, k, v, o, stats only (the shortest hot path)
+    zero_rng: Optional[torch.Tensor] = None  # the device's shared all-zero rng_state
+    full_lens: Optional[list] = None  # max512: int32 [b,1,1,1] lengths sq and skv for its length mask
+    zero_stats: bool = False  # max512 causal: S must start zeroed
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -264,7 +269,10 @@ def _seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
-_is_capturing = torch.cuda.is_current_stream_capturing
+try:  # the C entry point behind torch.cuda.is_current_stream_capturing (skips its Python wrapper)
+    _is_capturing = torch._C._cuda_isCurrentStreamCapturing
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    _is_capturing = torch.cuda.is_current_stream_capturing
 
 
 _no_workspace: dict[int, torch.Tensor] = {}
@@ -290,8 +298,35 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     return ws
 
 
+_launch_local = threading.local()
+
+
 def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device) -> None:
-    plan.launch(buffers, _workspace(plan.workspace_size, device), handle_for(device.index))
+    """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
+    stream's reusable workspace are looked up together, once per (thread, device, stream)."""
+    index = device.index
+    slot = (index, _current_raw_stream(index))
+    ctx = getattr(_launch_local, "ctx", None)
+    if ctx is None:
+        ctx = _launch_local.ctx = {}
+    entry = ctx.get(slot)
+    if entry is None:
+        entry = ctx[slot] = [handle_for(index), None]
+    nbytes = plan.workspace_size
+    if nbytes == 0:
+        ws = _no_workspace.get(index)
+        if ws is None:
+            ws = _workspace(0, device)
+    elif entry[1] is not None and entry[1].numel() >= nbytes and not _is_capturing():
+        ws = entry[1]
+    else:
+        ws = _workspace(nbytes, device)
+        if not _is_capturing():
+            entry[1] = ws
+    handle = entry[0]
+    if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
+        handle = handle_for(index)
+    plan.launch(buffers, ws, handle)
 
 
 # ================================================================================ forward
@@ -417,15 +452,22 @@ def fused_attn_fwd(
         out = torch.empty_like(q if prep.out_like_q else prep.out_template)
     if softmax_lse is not None:
         stats = softmax_lse
+        if prep.zero_stats:
+            stats.zero_()
     elif cfg.ragged_q:
         stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
+    elif prep.zero_stats:  # max512 causal: the engine leaves skipped tiles of S unwritten, its backward reads them
+        stats = torch.zeros_like(prep.stats_template)
     else:
         stats = torch.empty_like(prep.stats_template)
-    rng_state = _rng_state(prep, rng_gen)
     # Buffers in the builder's uid order: q, k, v, o, stats, (bias), (seed, offset). The
     # graph declares each one's BHSD geometry; execute reads only their memory, so the
     # caller's tensors go in as they are (no permuted views: ~1.5 us each).
     buffers = [q, k, v, out, stats]
+    if prep.plain:  # dense, no bias, dropout, FP8 or paging: nothing more to bind
+        _execute(plan, buffers, prep.device)
+        return out, [stats, prep.zero_rng]
+    rng_state = _rng_state(prep, rng_gen)
     if attn_bias is not None:
         buffers.append(attn_bias)
     if prep.rng_increment:
@@ -436,6 +478,8 @@ def fused_attn_fwd(
                                     amax_o_offset)  # fmt: skip
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    elif prep.full_lens is not None:
+        buffers += prep.full_lens
     if cfg.paged is not None:
         pages = (cfg.b, 1, cfg.paged[2], 1)
         buffers += [page_table_k.view(pages), page_table_v.view(pages)]
@@ -462,29 +506,43 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     )  # fmt: skip
     fp8_names = ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")
     _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
-    _check_result_buffer("out", a["out"], (*a["q"].shape[:-1], cfg.d_v), cfg.dtype, a["q"])
-    stats_shape = (a["q"].shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)
-    _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, torch.float32, a["q"])
     if a["rng_gen"] is not None and not isinstance(a["rng_gen"], torch.Generator):
         raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a['rng_gen']).__name__}")
+
+    def stats_kind(saves_softmax: bool) -> tuple[tuple[int, ...], torch.dtype]:
+        if saves_softmax:  # max512: the full softmax S in the io dtype (cuDNN's F16x16 tile order)
+            return (cfg.b, cfg.h, cfg.sq, cfg.skv), cfg.dtype
+        return ((a["q"].shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)), torch.float32
+
+    _check_result_buffer("out", a["out"], (*a["q"].shape[:-1], cfg.d_v), cfg.dtype, a["q"])
+    guess = forced is not None and forced != FusedAttnBackend.No_Backend and BY_ENUM[forced].caps.saves_softmax
+    _check_result_buffer("softmax_lse", a["softmax_lse"], *stats_kind(guess), a["q"])  # before any GPU work
     env = _require_cuda(cfg, a["q"])
     backend = select(cfg, env, forced, Direction.FWD)
+    stats_shape, stats_dtype = stats_kind(backend.caps.saves_softmax)
+    _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, stats_dtype, a["q"])
     out_shape = (*a["q"].shape[:-1], cfg.d_v)
     prep = _Prepared(
         cfg=cfg,
         backend=backend,
         key=make_key(backend.enum, Direction.FWD, cfg, env.cudnn_version, frontend_version()),
         out_shape=out_shape,
-        stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
+        stats_shape=stats_shape,
         device=a["q"].device,
         rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
         out_like_q=cfg.d_v == cfg.d_qk and a["q"].is_contiguous(),
         out_template=_template(out_shape, cfg.dtype, a["q"].device),
-        stats_template=_template((cfg.b, cfg.h, cfg.sq, 1), torch.float32, a["q"].device),
+        stats_template=_template(stats_shape, stats_dtype, a["q"].device),
         varlen=cfg.mask.is_padding or cfg.is_ragged,
         fp8=backend.enum == FusedAttnBackend.FP8,
+        softmax_aux=backend.caps.saves_softmax,
         **_mult_fields(cfg, a["q"].device),
     )
+    prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
+    prep.plain = not (cfg.has_dropout or prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
+                      or prep.softmax_aux)  # fmt: skip
+    prep.full_lens = _full_lens(cfg, prep)
+    prep.zero_stats = prep.softmax_aux and cfg.mask.is_causal
     _remember(_fwd_memo, sig, prep)
     return prep
 
@@ -577,6 +635,8 @@ def fused_attn_bwd(
     plan = prep.get_plan()
     cfg = prep.cfg
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
+    if prep.softmax_aux:
+        return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors)
     # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
     buffers = [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv]
     dbias = None
@@ -601,6 +661,29 @@ def fused_attn_bwd(
     _execute(plan, buffers, prep.device)
     if amax3 is not None:  # one META_DQKV slot holds the amax of dQ, dK and dV together
         torch.amax(amax3.view(3, 1), dim=0, out=amax_dqkv.narrow(0, amax_dqkv_offset, 1))
+    return [dq, dk, dv, dbias]
+
+
+def _full_lens(cfg: AttnConfig, prep: _Prepared) -> Optional[list]:
+    """The max512 graphs always carry the length mask of TE's pattern; they get sq and skv."""
+    if not prep.softmax_aux:
+        return None
+    return [torch.full((cfg.b, 1, 1, 1), n, dtype=torch.int32, device=prep.device) for n in (cfg.sq, cfg.skv)]
+
+
+def _max512_bwd(prep: _Prepared, q, k, v, d_o, dq, dk, dv, aux) -> list[Optional[torch.Tensor]]:
+    """The max512 backward: reads the saved softmax S and never overwrites it (dS goes to its
+    own scratch, zeroed where a causal mask leaves tiles the engine reads but never writes)."""
+    cfg = prep.cfg
+    plan = prep.get_plan()
+    shape = (cfg.b, cfg.h, cfg.sq, cfg.skv)
+    ds = (torch.zeros if cfg.mask.is_causal else torch.empty)(shape, dtype=cfg.dtype, device=prep.device)
+    buffers = [q, k, v, aux[0], d_o, dq, dk, dv, ds]
+    dbias = None
+    if cfg.has_dbias:
+        dbias = torch.empty(cfg.bias_shape, dtype=cfg.dtype, device=prep.device)
+        buffers.append(dbias)
+    _execute(plan, buffers + prep.full_lens, prep.device)
     return [dq, dk, dv, dbias]
 
 
@@ -645,8 +728,10 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         rng_increment=0,
         varlen=cfg.mask.is_padding or cfg.is_ragged,
         fp8=backend.enum == FusedAttnBackend.FP8,
+        softmax_aux=backend.caps.saves_softmax,
         **_mult_fields(cfg, a["q"].device),
     )
+    prep.full_lens = _full_lens(cfg, prep)
     _remember(_bwd_memo, sig, prep)
     return prep
 
@@ -714,7 +799,8 @@ def explain(
     if return_max_logit:
         for why in per_backend.values():
             why.append("return_max_logit is not supported yet")
-    chosen = next((b for b, why in per_backend.items() if not why), FusedAttnBackend.No_Backend)
+    serving = [BY_ENUM[b] for b, why in per_backend.items() if not why]
+    chosen = next((b for b in serving if b.prefers(cfg, env, Direction.FWD)), serving[0]).enum if serving else FusedAttnBackend.No_Backend
     return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env)
 
 

@@ -90,8 +90,7 @@ def test_explanation_str() -> None:
     text = str(explain())
     assert "-> F16_arbitrary_seqlen" in text
     assert "F16_arbitrary_seqlen: supported" in text
-    assert "F16_max512_seqlen: declined" in text
-    assert "- its graph builders are not implemented in this release (issue #6)" in text
+    assert "F16_max512_seqlen: supported" in text  # it serves, but the flash path is measured faster
 
 
 # ----------------------------------------------------------------------------- declined configurations
@@ -155,8 +154,11 @@ def test_declined_with_reason(over: dict, fragment: str) -> None:
                               512, 64, 64, -1, -1, True, env=HOPPER_CUDNN_919)  # fmt: skip
     else:
         ex = explain(**over)
-    assert ex.backend is FusedAttnBackend.No_Backend
     assert _has(ex.reasons[ARB], fragment), ex.reasons[ARB]
+    if not ex.reasons[M512]:  # TE's policy: max512 serves where the flash path cannot (d=64, s <= 512, ...)
+        assert ex.backend is FusedAttnBackend.F16_max512_seqlen
+        return
+    assert ex.backend is FusedAttnBackend.No_Backend
     assert all(ex.reasons[n] for n in (ARB, M512, F8))
 
 
@@ -197,9 +199,10 @@ def test_fp8_inputs_select_fp8_and_only_fp8() -> None:
     assert explain(d=128, mask="causal").backend is FusedAttnBackend.F16_arbitrary_seqlen
 
 
-def test_max512_declined_only_as_not_implemented_where_te_served_it() -> None:
+def test_max512_serves_where_te_served_it_but_flash_is_chosen() -> None:
     ex = explain(layout="bs3hd", mask="causal", sq=512, d=64)
-    assert ex.reasons[M512] == ["its graph builders are not implemented in this release (issue #6)"]
+    assert ex.reasons[M512] == [] and ex.backend is FusedAttnBackend.F16_arbitrary_seqlen
+    assert ex.reasons[ARB] == []
     ex = explain(layout="bshd_bsh2d", sq=1024, d=128, h=16, hg=4)
     why = ex.reasons[M512]
     for fragment in ("qkv_layout=bshd_bsh2d", "exceed 512", "(supported: [64])", "grouped-query attention (h=16, hg=4)"):
@@ -233,15 +236,22 @@ def test_select_raises_listing_all_sub_backends() -> None:
     for name in (ARB, M512, F8):
         assert re.search(rf"^  {name} declined because:$", msg, re.M), msg
     assert "    - attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias, alibi)" in msg
-    assert "issue #6" in msg and "FP8 declined because" in msg
+    assert "    - attn_bias_type=pre_scale_bias (supported: no_bias, post_scale_bias)" in msg  # max512's own list
+    assert "FP8 declined because" in msg
 
 
-def test_select_forced_max512_raises_issue_6() -> None:
-    cfg = _cfg(attn_mask_type="no_mask")
+def test_select_forced_max512_serves_or_says_why() -> None:
+    ok = _cfg(attn_mask_type="causal", num_attn_heads=8, num_gqa_groups=8, head_dim_qk=64, head_dim_v=64,
+              max_seqlen_q=256, max_seqlen_kv=256)  # fmt: skip
+    assert select(ok, HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_max512_seqlen).enum is FusedAttnBackend.F16_max512_seqlen
+    # automatic selection keeps the flash path where both serve (measured faster, issue #6)
+    assert select(ok, HOPPER_CUDNN_919).enum is FusedAttnBackend.F16_arbitrary_seqlen
+    bad = _cfg(attn_mask_type="padding", max_seqlen_q=1024, max_seqlen_kv=1024)
     with pytest.raises(UnsupportedConfigError, match=r"with the requested F16_max512_seqlen") as ei:
-        select(cfg, HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_max512_seqlen)
-    assert "issue #6" in str(ei.value)
+        select(bad, HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_max512_seqlen)
     assert list(ei.value.reasons) == [FusedAttnBackend.F16_max512_seqlen]
+    why = " ".join(ei.value.reasons[FusedAttnBackend.F16_max512_seqlen])
+    assert "exceed 512" in why and "padding masks" in why and "matmul overrides" in why
 
 
 def test_select_forced_fp8_on_bf16_raises() -> None:

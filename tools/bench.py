@@ -348,6 +348,40 @@ def fp8_bench(names: list[str], iters: int) -> dict:
     return res
 
 
+def max512_bench(iters: int, seqlens=(128, 256, 512), masks=("no_mask", "causal")) -> list:
+    """F16_max512_seqlen vs F16_arbitrary_seqlen, fwd and bwd separately, b=32 h=16 d=64 bf16
+    bshd (issue #6's shapes), CUDA-graph replay, interleaved."""
+    B = tc.FusedAttnBackend
+    rows = []
+    for s in seqlens:
+        for mask in masks:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = make_qkv(LAYOUT, 32, 16, 16, s, s, 64, generator=gen)
+            d_o = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
+            cu = torch.arange(0, 33 * s, s, dtype=torch.int32, device="cuda")
+            kw = dict(qkv_layout=LAYOUT.name, attn_mask_type=mask)
+            fns = {}
+            for be in (B.F16_max512_seqlen, B.F16_arbitrary_seqlen):
+                o, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, be, **kw)
+                fns[f"{be.name} fwd"] = (lambda be=be: tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, be, **kw))
+                fns[f"{be.name} bwd"] = (lambda be=be, o=o, aux=aux: tc.fused_attn_bwd(s, s, cu, cu, q, k, v, o, d_o, q.dtype,
+                                                                                      aux, be, **kw))  # fmt: skip
+            ms = interleaved_medians({n: graphed(fn) for n, fn in fns.items()}, iters)
+            row = {"s": s, "mask": mask, **{n: t / REPEATS_PER_GRAPH for n, t in ms.items()}}
+            m = row["F16_max512_seqlen fwd"] + row["F16_max512_seqlen bwd"]
+            a = row["F16_arbitrary_seqlen fwd"] + row["F16_arbitrary_seqlen bwd"]
+            print(f"  s={s:4} {mask:8} max512 fwd {row['F16_max512_seqlen fwd']:.4f} bwd {row['F16_max512_seqlen bwd']:.4f} | "
+                  f"arbitrary fwd {row['F16_arbitrary_seqlen fwd']:.4f} bwd {row['F16_arbitrary_seqlen bwd']:.4f} | "
+                  f"fwd+bwd max512/arbitrary {m / a:.2f}")  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def report_max512(iters: int) -> list:
+    print("\nF16_max512_seqlen vs F16_arbitrary_seqlen (b=32, h=16, d=64, bf16, bshd), CUDA-graph replay, median ms")
+    return max512_bench(iters)
+
+
 def report_dense(names: list[str], iters: int) -> list:
     rows = [bench_config(BENCHMARK_CONFIGS[n], iters) for n in names]
     contenders = (TeCudnn.name, HandBuilt.name, TorchSdpaCudnn.name)
@@ -404,7 +438,7 @@ def report_fp8(iters: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default=None, choices=("dense", "host", "varlen", "fp8"), help="run one section")
+    p.add_argument("--only", default=None, choices=("dense", "host", "varlen", "fp8", "max512"), help="run one section")
     p.add_argument("--configs", default="test_0,test_1,test_3")
     p.add_argument("--iters", type=int, default=50, help="timed rounds per contender (interleaved)")
     p.add_argument("--json", default=None)
@@ -421,6 +455,8 @@ def main(argv=None) -> int:
         out["varlen"] = report_varlen(args.iters)
     if run("fp8"):
         out["fp8"] = report_fp8(args.iters)
+    if run("max512"):
+        out["max512"] = report_max512(args.iters)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

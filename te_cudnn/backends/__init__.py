@@ -1,7 +1,8 @@
 """Sub-backends in priority order, and the selector that explains its choice.
 
 ``select`` walks :data:`REGISTRY` and returns the first sub-backend whose
-``not_supported_reasons`` is empty; ``explain`` returns every sub-backend's reasons. A
+``not_supported_reasons`` is empty, unless a later one that also serves declares itself
+measured faster for the configuration (``SubBackend.prefers``); ``explain`` returns every sub-backend's reasons. A
 forced backend (argument or ``force_backend`` context) is checked, never silently replaced.
 """
 
@@ -53,9 +54,14 @@ def select(
             raise UnsupportedConfigError(f"{cfg.summary()} with the requested {forced.name}", {forced: why})
         return backend
     declined: dict[FusedAttnBackend, list[str]] = {}
+    serving = []
     for backend in REGISTRY:
         why = reasons(backend, cfg, env, direction)
-        if not why:
-            return backend
-        declined[backend.enum] = why
-    raise UnsupportedConfigError(cfg.summary(), declined)
+        if why:
+            declined[backend.enum] = why
+        else:
+            serving.append(backend)
+    if not serving:
+        raise UnsupportedConfigError(cfg.summary(), declined)
+    # A later sub-backend wins only where it declares itself measured faster (prefers).
+    return next((b for b in serving if b.prefers(cfg, env, direction)), serving[0])

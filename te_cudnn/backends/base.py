@@ -52,6 +52,7 @@ class Uid:
     RAGGED_STATS = 20
     PAGE_TABLE_K = 21  # [b, 1, max_pages_per_seq, 1] int32
     PAGE_TABLE_V = 22
+    DS = 23  # max512 backward: the masked softmax gradient, written to scratch (io dtype, F16x16)
     # FP8 scaling operands, fp32 [1, 1, 1, 1] views into the caller's metadata tensors
     DESCALE_Q = 30
     DESCALE_K = 31
@@ -77,7 +78,7 @@ class Uid:
         1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
         9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
         16: "ragged_q", 17: "ragged_k", 18: "ragged_v", 19: "ragged_o", 20: "ragged_stats",
-        21: "page_table_k", 22: "page_table_v",
+        21: "page_table_k", 22: "page_table_v", 23: "ds",
         30: "descale_q", 31: "descale_k", 32: "descale_v", 33: "descale_s", 34: "scale_s", 35: "scale_o",
         36: "amax_s", 37: "amax_o", 38: "descale_o", 39: "descale_do", 40: "descale_dp", 41: "scale_dq",
         42: "scale_dk", 43: "scale_dv", 44: "scale_dp", 45: "amax_dq", 46: "amax_dk", 47: "amax_dv", 48: "amax_dp",
@@ -119,6 +120,7 @@ class Capabilities:
     max_sm: Optional[int] = None  # exclusive
     min_cudnn: int = 90000
     bad_cudnn: frozenset[int] = field(default_factory=frozenset)
+    saves_softmax: bool = False  # the forward saves the full softmax S for the backward (max512), not stats
     implemented: bool = True
     tracking_issue: Optional[str] = None  # where the missing part is tracked
 
@@ -169,6 +171,12 @@ class SubBackend:
             why.append(f"sliding window {cfg.window} is not supported")
         if not c.supports_deterministic and cfg.deterministic and direction == Direction.BWD:
             why.append("a deterministic backward is not supported")
+        if direction == Direction.BWD and cfg.do_stride is not None and cfg.saved_softmax != c.saves_softmax:
+            why.append(
+                "aux_ctx_tensors[0] is the full softmax S an F16_max512_seqlen forward saved; this backward needs the "
+                "fp32 softmax stats of its own forward" if cfg.saved_softmax else
+                "aux_ctx_tensors[0] holds fp32 softmax stats; this backward needs the full softmax S its own forward saves"
+            )  # fmt: skip
         if env.sm is not None:
             if env.sm < c.min_sm or (c.max_sm is not None and env.sm >= c.max_sm):
                 upper = f", below sm{c.max_sm}" if c.max_sm is not None else ""
@@ -184,6 +192,11 @@ class SubBackend:
     def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
         """Rules the flat declaration cannot express. Override to add reasons."""
         return []
+
+    def prefers(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction = Direction.FWD) -> bool:
+        """True where automatic selection should pick this sub-backend over an earlier one in the
+        registry that also serves ``cfg`` (measured faster). Default: registry order decides."""
+        return False
 
     def supports(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction = Direction.FWD) -> bool:
         return not self.not_supported_reasons(cfg, env, direction)

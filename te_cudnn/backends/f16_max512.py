@@ -1,19 +1,52 @@
 """F16 max512 sub-backend: cuDNN's non-flash fused-attention engine for sequences <= 512.
 
-TransformerEngine served it from ``fused_attn_f16_max512_seqlen.cu`` until v2.16. cuDNN 9.19
-still runs its engine for a generic matmul/softmax graph (see ``gpu_findings.md``); the
-graph builders arrive with issue #6. Its limits are declared here already, so the selector
-and ``explain()`` give real reasons today.
+TransformerEngine served it from ``fused_attn_f16_max512_seqlen.cu`` (legacy descriptor API)
+until v2.16. cuDNN 9.19 still runs its engine ("eng0") for a generic graph of matmul,
+pointwise and reduction nodes in one fixed pattern, which the frontend's Python API can
+express (``gpu_findings.md``; TE spec section 5):
+
+forward   K' = K^T * scale (io dtype)  ->  S = Q K' (fp32)  [+ bias]  ->  mask (gen_index rows and
+          columns vs the lengths, row >= col for causal; masked scores become -1e10)  ->
+          softmax as max / sub / exp / sum / div, written as P (io dtype, F16x16 reordered: the
+          aux tensor the backward needs)  ->  O = P V
+backward  dV = P^T dO; dP = dO V^T; dS = scale * P (dP - rowsum(P dP)), masked to 0 and written
+          (io dtype, F16x16); dQ = dS K; dK = dS^T Q; dBias = sum_b dS / scale
+
+Differences from TransformerEngine's version:
+
+* the backward writes dS to its own scratch buffer, so the saved softmax survives and a
+  second backward over the same forward gives the same gradients (TE aliased dS onto S);
+* the frontend's Python API has no matmul m/n/k overrides, through which TE passed per-batch
+  lengths; the engine ignores lengths given as a mask (measured), so padding masks are declined;
+* where the causal mask skips whole tiles, the engine neither writes them nor skips reading
+  them back: ``ops.py`` zero-fills S and the dS scratch for causal graphs;
+* the Python API has no RNG node, so dropout is declined (with that reason);
+* ``aux_ctx_tensors`` is ``[S, rng_state, (bias)]`` like the other sub-backends (TE: ``[S]``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from ..config import AttnConfig
 from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout
-from .base import Capabilities, SubBackend
+from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
+from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
-__all__ = ["F16Max512Seqlen"]
+__all__ = ["F16Max512Seqlen", "MASK_VALUE"]
+
+MASK_VALUE = -1e10  # TE's forward mask value; the backward masks dS with 0
+# fp16: the engine holds masked scores in the io dtype, where -1e10 is -inf and a fully masked
+# (padded) row would become NaN; -30000 is finite there and exp() of it is still 0.
+MASK_VALUE_FP16 = -30000.0
+
+
+def _by_value(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """A by-value scalar operand: a [1, 1, 1, 1] CPU tensor the graph keeps and binds itself at
+    every execute (and serializes with the plan), as TE's engine took its constants."""
+    return torch.full((1, 1, 1, 1), value, dtype=dtype)
 
 
 class F16Max512Seqlen(SubBackend):
@@ -23,15 +56,191 @@ class F16Max512Seqlen(SubBackend):
         layouts=frozenset(
             {QKVLayout.sb3hd, QKVLayout.sbhd_sb2hd, QKVLayout.bs3hd, QKVLayout.bshd_bs2hd, QKVLayout.bshd_bshd_bshd}
         ),
-        masks=frozenset({AttnMaskType.no_mask, AttnMaskType.causal, AttnMaskType.padding, AttnMaskType.padding_causal}),
+        # TE also served padding and padding_causal here, through per-batch m/n/k overrides on the
+        # matmuls, which the frontend's Python API does not have; see extra_reasons.
+        masks=frozenset({AttnMaskType.no_mask, AttnMaskType.causal}),
         bias_types=frozenset({AttnBiasType.no_bias, AttnBiasType.post_scale_bias}),
         max_seqlen=512,
         seqlen_multiple=64,
         head_dims=frozenset({64}),
         supports_gqa=False,
         supports_window=False,
+        # The frontend's Python graph API has no RNG node: the fused dropout cannot be expressed.
+        supports_dropout=False,
+        saves_softmax=True,
         min_sm=80,
         max_sm=100,  # TE: sm80 and sm90 only
-        implemented=False,
-        tracking_issue="issue #6",
+        tracking_issue=None,
     )
+
+    # ------------------------------------------------------------------ rules
+    def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
+        why: list[str] = []
+        if env.sm is not None and env.sm not in (80, 90):
+            why.append(f"cuDNN's max512 engine runs on sm80 and sm90 only, got sm{env.sm}")
+        if cfg.mask.is_padding:
+            why.append(
+                "padding masks: the engine takes per-batch lengths only as matmul overrides, which the frontend's "
+                "Python API lacks; given as a mask, cuDNN 9.19 ignores them (measured on H100: the valid rows of a "
+                "shorter sequence attended its padded keys)"
+            )
+        if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_shape is not None and cfg.bias_shape != (1, cfg.h, cfg.sq, cfg.skv):
+            why.append(f"attn_bias shape {list(cfg.bias_shape)}: the max512 graph takes a [1, h, sq, skv] bias only")
+        if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_stride is not None and cfg.bias_shape is not None:
+            _, h, sq, skv = cfg.bias_shape
+            if cfg.bias_stride[1:] != (sq * skv, skv, 1):
+                why.append(f"attn_bias must be contiguous for max512, got stride {cfg.bias_stride}")
+        if cfg.d_qk != cfg.d_v:
+            why.append(f"d_qk={cfg.d_qk} != d_v={cfg.d_v}")
+        return why
+
+    def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
+        from ..enums import BACKEND_FP8_THREADS_PER_CTA  # TE's PRE name: BACKEND_F16m512_FP8_THREADS_PER_CTA
+
+        return -(-cfg.sq * cfg.skv // BACKEND_FP8_THREADS_PER_CTA)  # ceil(sq * skv / 128), TE's increment
+
+    # ------------------------------------------------------------------ graphs
+    @staticmethod
+    def _graph(cfg: AttnConfig, handle: Any, direction: Direction) -> tuple[Any, Any]:
+        cudnn = cudnn_module()
+        io = torch_dtype_to_cudnn(cfg.dtype)
+        kwargs = {} if handle is None else {"handle": handle}
+        g = cudnn.pygraph(
+            name=f"te_cudnn_F16_max512_seqlen_{direction.value}",
+            io_data_type=io,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            **kwargs,
+        )
+        return g, io
+
+    @staticmethod
+    def softmax_stride(cfg: AttnConfig) -> list[int]:
+        return [cfg.h * cfg.sq * cfg.skv, cfg.sq * cfg.skv, cfg.skv, 1]
+
+    @staticmethod
+    def _mask(g: Any, cfg: AttnConfig, scores: Any, value: float) -> Any:
+        """Masked scores: ``value`` where row >= len_q or col >= len_kv, or (causal) col > row.
+        The engine recognises only the whole pattern (TE always built the padding part, too):
+        without a padding mask the lengths are bound to the full sq/skv."""
+        cudnn = cudnn_module()
+        boolean = cudnn.data_type.BOOLEAN
+        index = cudnn.data_type.INT32
+        row = g.gen_index(scores, axis=2, name="row")
+        col = g.gen_index(scores, axis=3, name="col")
+        row.set_data_type(index)
+        col.set_data_type(index)
+        i32, dims, strides = cudnn.data_type.INT32, [cfg.b, 1, 1, 1], [1, 1, 1, 1]
+        len_q = g.tensor(name="seq_len_q", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_Q)
+        len_kv = g.tensor(name="seq_len_kv", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_KV)
+        in_q = g.cmp_lt(row, len_q, name="row_valid")
+        in_kv = g.cmp_lt(col, len_kv, name="col_valid")
+        in_q.set_data_type(boolean)
+        in_kv.set_data_type(boolean)
+        keep = g.logical_and(in_q, in_kv, name="padding_mask", compute_data_type=boolean)
+        keep.set_data_type(boolean)
+        if cfg.mask.is_causal:
+            lower = g.cmp_ge(row, col, name="causal")
+            lower.set_data_type(boolean)
+            keep = g.logical_and(keep, lower, name="causal_mask", compute_data_type=boolean)
+            keep.set_data_type(boolean)
+        return g.binary_select(scores, _by_value(value, torch.float32), keep, name="masked")
+
+    def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        cudnn = cudnn_module()
+        g, io = self._graph(cfg, handle, Direction.FWD)
+        f32 = cudnn.data_type.FLOAT
+        b, h, sq, skv, d = cfg.b, cfg.h, cfg.sq, cfg.skv, cfg.d_qk
+        q = g.tensor(name="q", dim=[b, h, sq, d], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
+        ks = cfg.k_stride
+        k_t = g.tensor(name="k", dim=[b, h, d, skv], stride=[ks[0], ks[1], ks[3], ks[2]], data_type=io, uid=Uid.K)
+        v = g.tensor(name="v", dim=[b, h, skv, d], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)
+        # The engine wants the scale folded into K in the io dtype (a float32 product is declined).
+        k_scaled = g.mul(k_t, _by_value(cfg.attn_scale, cfg.dtype), name="k_scaled")
+        k_scaled.set_data_type(io)
+        s = g.matmul(q, k_scaled, compute_data_type=f32, name="bmm1")
+        s.set_data_type(f32)
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
+        if cfg.bias_type == AttnBiasType.post_scale_bias:
+            bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
+            s = g.add(s, bias, name="bias_add")
+            s.set_data_type(f32)
+            uids.append(Uid.BIAS)
+        s = self._mask(g, cfg, s, MASK_VALUE_FP16 if cfg.dtype == torch.float16 else MASK_VALUE)
+        row_max = g.reduction(s, mode=cudnn.reduction_mode.MAX, name="row_max")
+        row_max.set_dim([b, h, sq, 1]).set_stride([h * sq, sq, 1, 1]).set_data_type(f32)
+        shifted = g.sub(s, row_max, name="shifted")
+        e = g.exp(shifted, name="exp")
+        row_sum = g.reduction(e, mode=cudnn.reduction_mode.ADD, name="row_sum")
+        row_sum.set_dim([b, h, sq, 1]).set_stride([h * sq, sq, 1, 1]).set_data_type(f32)
+        p = g.div(e, row_sum, name="softmax")
+        # P is the aux tensor: written in the io dtype with the engine's F16x16 tile order.
+        p.set_output(True).set_uid(Uid.STATS).set_data_type(io).set_dim([b, h, sq, skv]).set_stride(self.softmax_stride(cfg))
+        p.set_reordering_type(cudnn.tensor_reordering.F16x16)
+        o = g.matmul(p, v, compute_data_type=f32, name="bmm2")
+        o.set_output(True).set_uid(Uid.O).set_data_type(io).set_dim([b, h, sq, d]).set_stride(list(cfg.o_stride))
+        uids += [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV]  # always: the full lengths without a padding mask
+        return GraphSpec(g, tuple(uids), Direction.FWD)
+
+    def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
+        cudnn = cudnn_module()
+        g, io = self._graph(cfg, handle, Direction.BWD)
+        f32, boolean = cudnn.data_type.FLOAT, cudnn.data_type.BOOLEAN
+        b, h, sq, skv, d = cfg.b, cfg.h, cfg.sq, cfg.skv, cfg.d_qk
+        p_stride = self.softmax_stride(cfg)
+        p_t_stride = [p_stride[0], p_stride[1], p_stride[3], p_stride[2]]
+        q = g.tensor(name="q", dim=[b, h, sq, d], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
+        k = g.tensor(name="k", dim=[b, h, skv, d], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
+        vs = cfg.v_stride
+        v_t = g.tensor(name="v", dim=[b, h, d, skv], stride=[vs[0], vs[1], vs[3], vs[2]], data_type=io, uid=Uid.V)
+        p = g.tensor(name="softmax", dim=[b, h, sq, skv], stride=p_stride, data_type=io, uid=Uid.STATS,
+                     reordering_type=cudnn.tensor_reordering.F16x16)  # fmt: skip
+        d_o = g.tensor(name="d_o", dim=[b, h, sq, d], stride=list(cfg.do_stride or cfg.o_stride), data_type=io, uid=Uid.DO)
+        one = _by_value(1.0, torch.float32)  # the dropout scale: no dropout, but the pattern keeps the node
+        zero = _by_value(0.0, torch.float32)
+        # dV = |P^T * 1| dO
+        p_t = g.reshape(p, name="p_transpose")
+        p_t.set_dim([b, h, skv, sq]).set_stride(p_t_stride).set_data_type(io)
+        p_t = g.mul(p_t, one, name="p_transpose_scaled")
+        p_t.set_data_type(io)
+        p_t = g.abs(p_t, name="p_transpose_abs")
+        p_t.set_data_type(io)
+        dv = g.matmul(p_t, d_o, compute_data_type=f32, name="bmm_dv")
+        # dP = dO V^T, with the dropout keep-mask (P > 0) and scale of TE's pattern
+        dp = g.matmul(d_o, v_t, compute_data_type=f32, name="bmm_dp")
+        dp.set_data_type(f32)
+        p_abs = g.abs(p, name="p_abs")
+        p_abs.set_data_type(io)
+        kept = g.cmp_gt(p, zero, name="kept")
+        kept.set_data_type(boolean)
+        dp = g.mul(dp, one, name="dp_scaled")
+        dp = g.binary_select(dp, zero, kept, name="dp_kept")
+        # softmax backward: dS = scale * P (dP - rowsum(P dP))
+        pdp = g.mul(p_abs, dp, name="p_dp")
+        pdp_sum = g.reduction(pdp, mode=cudnn.reduction_mode.ADD, name="p_dp_sum")
+        pdp_sum.set_dim([b, h, sq, 1]).set_stride([h * sq, sq, 1, 1]).set_data_type(f32)
+        ds = g.sub(dp, pdp_sum, name="dp_centred")
+        ds = g.mul(p_abs, ds, name="ds_unscaled")
+        ds = g.mul(ds, _by_value(cfg.attn_scale, torch.float32), name="ds_scaled")
+        ds = self._mask(g, cfg, ds, 0.0)
+        # dS is written (the engine's pattern) to its own scratch buffer: the saved P survives.
+        ds.set_output(True).set_uid(Uid.DS).set_data_type(io).set_dim([b, h, sq, skv]).set_stride(p_stride)
+        ds.set_reordering_type(cudnn.tensor_reordering.F16x16)
+        dq = g.matmul(ds, k, compute_data_type=f32, name="bmm_dq")
+        ds_t = g.reshape(ds, name="ds_transpose")
+        ds_t.set_dim([b, h, skv, sq]).set_stride(p_t_stride).set_data_type(io)
+        dk = g.matmul(ds_t, q, compute_data_type=f32, name="bmm_dk")
+        # Gradients are allocated in the layout's own format (packed where the layout packs).
+        for t, uid, s, stride in ((dq, Uid.DQ, sq, cfg.grad_strides[0]), (dk, Uid.DK, skv, cfg.grad_strides[1]),
+                                  (dv, Uid.DV, skv, cfg.grad_strides[2])):  # fmt: skip
+            t.set_output(True).set_uid(uid).set_data_type(io).set_dim([b, h, s, d]).set_stride(list(stride))
+        uids = [Uid.Q, Uid.K, Uid.V, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, Uid.DS]
+        if cfg.has_dbias:
+            db = g.reduction(ds, mode=cudnn.reduction_mode.ADD, name="dbias_sum")
+            db.set_dim([1, h, sq, skv]).set_stride([h * sq * skv, sq * skv, skv, 1]).set_data_type(f32)
+            dbias = g.mul(db, _by_value(1.0 / cfg.attn_scale, torch.float32), name="dbias")
+            dbias.set_output(True).set_uid(Uid.DBIAS).set_data_type(io)
+            dbias.set_dim([1, h, sq, skv]).set_stride([h * sq * skv, sq * skv, skv, 1])
+            uids.append(Uid.DBIAS)
+        uids += [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV]
+        return GraphSpec(g, tuple(uids), Direction.BWD)
