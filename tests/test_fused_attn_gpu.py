@@ -321,9 +321,9 @@ def test_autograd_function_matches_reference():
 def test_forced_backend_that_declines_raises_and_default_padding_mask():
     b, h, s = 2, 4, 128
     q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
-    with pytest.raises(tc.UnsupportedConfigError, match="F16_max512_seqlen"):
+    with pytest.raises(tc.UnsupportedConfigError, match="F16_max512_seqlen(.|\n)*padding masks"):
         tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, "F16_max512_seqlen",
-                          qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")  # fmt: skip
+                          qkv_layout="bshd_bshd_bshd", attn_mask_type="padding")  # fmt: skip
     # TransformerEngine's default mask is "padding": with full-length cu_seqlens it equals no_mask
     padded, _ = tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd")
     plain, _ = tc.fused_attn_fwd(False, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd",

@@ -90,6 +90,8 @@ class F16Max512Seqlen(SubBackend):
             _, h, sq, skv = cfg.bias_shape
             if cfg.bias_stride[1:] != (sq * skv, skv, 1):
                 why.append(f"attn_bias must be contiguous for max512, got stride {cfg.bias_stride}")
+        if cfg.has_dbias and (cfg.is_training or direction == Direction.BWD) and cfg.skv not in (128, 256, 512):
+            why.append(f"dBias needs skv of 128, 256 or 512 on this engine, got skv={cfg.skv} (cuDNN's rule)")
         if cfg.d_qk != cfg.d_v:
             why.append(f"d_qk={cfg.d_qk} != d_v={cfg.d_v}")
         return why
