@@ -121,6 +121,7 @@ class Capabilities:
     min_cudnn: int = 90000
     bad_cudnn: frozenset[int] = field(default_factory=frozenset)
     saves_softmax: bool = False  # the forward saves the full softmax S for the backward (max512), not stats
+    persistable: bool = True  # plans may go to the on-disk plan store
     implemented: bool = True
     tracking_issue: Optional[str] = None  # where the missing part is tracked
 

@@ -39,13 +39,11 @@ class CompiledPlan:
     launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
     source: str = "built"  # "built" here, or "store" (deserialized from the plan store)
 
-    by_value: dict = field(default_factory=dict)  # uid -> CPU scalar, for deserialized graphs
-
     def __post_init__(self) -> None:
         if self.launch is None:
             from .execute import PlanLauncher
 
-            self.launch = PlanLauncher(self.graph, self.uids, self.by_value)
+            self.launch = PlanLauncher(self.graph, self.uids)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -131,22 +129,6 @@ def store_for(device: int):
     return _stores[device]
 
 
-def _by_value_of(graph: Any) -> list:
-    """The graph's by-value CPU scalars as [uid, value, dtype]: a deserialized plan needs them
-    bound at execute (the max512 graphs take their scales and mask values this way)."""
-    out = []
-    for uid, t in getattr(graph, "_data_bindings", {}).items():
-        if hasattr(t, "dtype") and getattr(t, "device", None) is not None and t.device.type == "cpu" and t.numel() == 1:
-            out.append([int(uid), float(t.item()), str(t.dtype).removeprefix("torch.")])
-    return out
-
-
-def _by_value_from(header: dict) -> dict:
-    import torch  # noqa: PLC0415
-
-    return {int(uid): torch.full((1, 1, 1, 1), value, dtype=getattr(torch, dtype)) for uid, value, dtype in header.get("by_value", [])}
-
-
 def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
     """Deserialize the plan from the plan store when it holds it, else build it and store it.
     A stored plan that fails to load is reported and rebuilt."""
@@ -155,6 +137,10 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     from ..runtime import cudnn_module  # noqa: PLC0415
     from .handles import handle_for  # noqa: PLC0415
 
+    from ..backends import BY_ENUM  # noqa: PLC0415
+
+    if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
+        return build_plan(key, make_spec)
     store = store_for(key.config.device)
     desc = key.describe()
     if store is not None:
@@ -166,7 +152,7 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
                 g.deserialize(handle_for(key.config.device), entry.blob)
                 return CompiledPlan(key, g, tuple(entry.header["uids"]), int(g.get_workspace_size()),
                                     entry.header.get("plan_name", "unknown"), time.perf_counter() - start,
-                                    source="store", by_value=_by_value_from(entry.header))  # fmt: skip
+                                    source="store")  # fmt: skip
             except Exception as exc:  # a plan this cuDNN cannot load: build it again
                 warnings.warn(f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding", stacklevel=2)
     plan = build_plan(key, make_spec)
@@ -174,8 +160,7 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
         try:
             blob = plan.graph.serialize(as_bytes=True)
             store.save(desc, bytes(blob), {"uids": list(plan.uids), "plan_name": plan.plan_name,
-                                           "build_ms": round(plan.build_seconds * 1e3, 3),
-                                           "by_value": _by_value_of(plan.graph)})  # fmt: skip
+                                           "build_ms": round(plan.build_seconds * 1e3, 3)})  # fmt: skip
         except Exception as exc:  # storing is an optimisation: never fail the call for it
             warnings.warn(f"te_cudnn: could not store plan for {key}: {exc}", stacklevel=2)
     return plan

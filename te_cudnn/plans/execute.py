@@ -13,7 +13,7 @@ checks they exist when the plan is built and otherwise, or when
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 __all__ = ["PlanLauncher"]
 
@@ -25,14 +25,11 @@ class PlanLauncher:
     internals are there, else the public ordered execute, else (a deserialized plan carries no
     operand layout) the public uid -> tensor form."""
 
-    __slots__ = ("graph", "uids", "direct", "by_dict", "_lowered", "_schema", "_cpp_index", "_by_value")
+    __slots__ = ("graph", "uids", "direct", "by_dict", "_lowered", "_schema", "_cpp_index")
 
-    def __init__(self, graph: Any, uids: Sequence[int], by_value: Optional[dict] = None):
-        """``by_value``: uid -> CPU scalar tensor for by-value operands a deserialized graph does
-        not carry (a built graph binds its own)."""
+    def __init__(self, graph: Any, uids: Sequence[int]):
         self.graph = graph
         self.uids = tuple(uids)
-        self._by_value = dict(by_value or {})
         self.direct = False
         try:
             self.by_dict = graph._prepare_ordered_binding_schema() is None
@@ -59,10 +56,7 @@ class PlanLauncher:
     def __call__(self, buffers: list, workspace: Any, handle: Any) -> None:
         if not self.direct:
             if self.by_dict:
-                pack = dict(zip(self.uids, buffers))
-                if self._by_value:
-                    pack.update(self._by_value)
-                self.graph.execute(pack, workspace, handle=handle)
+                self.graph.execute(dict(zip(self.uids, buffers)), workspace, handle=handle)
             else:
                 self.graph.execute(buffers, workspace, handle=handle, tensor_uids=self.uids)
             return
