@@ -299,34 +299,44 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
 
 
 _launch_local = threading.local()
+_data_ptr = torch.Tensor.data_ptr
+_hit = plan_cache.hit
 
 
-def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device) -> None:
+def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, check: int = 0) -> None:
     """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
-    stream's reusable workspace are looked up together, once per (thread, device, stream)."""
+    stream's reusable workspace are looked up together, once per (thread, device, stream).
+    ``check``: how many leading buffers are the caller's, to be checked for 16-byte alignment
+    (from the same pointers the launch reads)."""
     index = device.index
     slot = (index, _current_raw_stream(index))
     ctx = getattr(_launch_local, "ctx", None)
     if ctx is None:
         ctx = _launch_local.ctx = {}
     entry = ctx.get(slot)
-    if entry is None:
-        entry = ctx[slot] = [handle_for(index), None]
+    if entry is None:  # [handle, reusable workspace, its size in bytes]
+        entry = ctx[slot] = [handle_for(index), None, -1]
     nbytes = plan.workspace_size
     if nbytes == 0:
         ws = _no_workspace.get(index)
         if ws is None:
             ws = _workspace(0, device)
-    elif entry[1] is not None and entry[1].numel() >= nbytes and not _is_capturing():
+    elif entry[2] >= nbytes and not _is_capturing():
         ws = entry[1]
     else:
         ws = _workspace(nbytes, device)
         if not _is_capturing():
-            entry[1] = ws
+            entry[1], entry[2] = ws, ws.numel()
     handle = entry[0]
     if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
         handle = handle_for(index)
-    plan.launch(buffers, ws, handle)
+    if check:
+        ptrs = list(map(_data_ptr, buffers))
+        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+            _misaligned(q=buffers[0], k=buffers[1], v=buffers[2])
+        plan.launch.with_pointers(buffers, ptrs, ws, handle)
+    else:
+        plan.launch(buffers, ws, handle)
 
 
 # ================================================================================ forward
@@ -434,6 +444,14 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
+    if prep.plain and out is None and softmax_lse is None:  # the common case, shortest path
+        plan = prep.plan
+        if plan is None or not _hit(plan):
+            plan = prep.get_plan()
+        buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template),
+                   torch.empty_like(prep.stats_template)]  # fmt: skip
+        _execute(plan, buffers, prep.device, 3)
+        return buffers[3], [buffers[4], prep.zero_rng]
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())
             | (0 if out is None else out.data_ptr()) | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
         _misaligned(q=q, k=k, v=v, attn_bias=attn_bias, out=out, softmax_lse=softmax_lse)

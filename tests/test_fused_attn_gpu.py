@@ -347,13 +347,70 @@ def test_direct_launch_matches_public_execute():
         and (c.b, c.h, c.sq, c.d_qk) == (b, h, s, 64) and p.key.direction.value == "fwd" and c.is_training
     )  # fmt: skip
     if cudnn.__version__.startswith("1.32."):
-        assert plan.launch.direct, "frontend 1.32 should take the direct launch path"
+        assert plan.launch.mode == "raw", "frontend 1.32 should take the pointer-array launch path"
     out2, stats2 = torch.empty_like(out), torch.empty_like(aux[0])
     ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
     handle = tc.plans.handle_for(0)
     plan.graph.execute([q, k, v, out2, stats2], ws, handle=handle, tensor_uids=plan.uids)
     torch.cuda.synchronize()
     assert torch.equal(out, out2) and torch.equal(aux[0], stats2)
+
+
+LAUNCH_CASES = [
+    dict(layout="bshd_bshd_bshd", mask="causal"),
+    dict(layout="sbh3d", mask="no_mask", bias=True),
+    dict(layout="bshd_bshd_bshd", mask="padding_causal"),
+    dict(layout="bshd_bshd_bshd", mask="causal", alibi=True),
+    dict(layout="bshd_bshd_bshd", mask="causal", dropout=0.1),
+    dict(layout="thd_thd_thd", mask="padding_causal"),
+    dict(layout="bshd_bshd_bshd", mask="causal", max512=True),
+]
+
+
+@pytest.mark.parametrize("case", LAUNCH_CASES, ids=lambda c: "-".join(str(v) if v is not True else k for k, v in c.items()))
+def test_launch_modes_agree(case):
+    """Every launch mode the plan launcher can take gives bit-identical results (fwd and bwd):
+    the pointer-array path, the native ordered reader and the public graph.execute."""
+    b, h, s, d = 2, 4, 256, 64
+    layout = QKVLayout[case["layout"]]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    if layout == QKVLayout.thd_thd_thd:
+        q, k, v = (torch.randn(b * s, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    else:
+        q, k, v = make_qkv(layout, b, h, h, s, s, d, generator=gen)
+    padded = "padding" in case["mask"]
+    cu = torch.tensor([0, s - 17, 2 * s - 40], dtype=torch.int32, device="cuda") if padded else _cu(b, s)
+    bias = torch.randn(1, h, s, s, generator=gen, device="cuda").to(q.dtype) if case.get("bias") else None
+    kw = dict(qkv_layout=layout.name, attn_mask_type=case["mask"], dropout=case.get("dropout", 0.0),
+              attn_bias_type="post_scale_bias" if bias is not None else ("alibi" if case.get("alibi") else "no_bias"))
+    backend = tc.FusedAttnBackend.F16_max512_seqlen if case.get("max512") else None
+    d_o = None
+
+    def run():
+        nonlocal d_o
+        rng = torch.Generator(device="cuda").manual_seed(7)
+        out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, backend, attn_bias=bias, rng_gen=rng, **kw)
+        d_o = torch.randn(out.shape, generator=torch.Generator(device="cuda").manual_seed(5), device="cuda").to(q.dtype)
+        grads = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, backend, **kw)
+        return [out, *[g for g in grads if g is not None]]
+
+    first = run()
+    used = [p for p in tc.plan_cache.plans() if p.key.config.layout == layout and p.key.config.mask.name == case["mask"]]
+    modes = {p.launch.mode for p in used}
+    assert modes <= {"raw", "ordered"}, modes
+    if backend is None:
+        assert modes == {"raw"}
+    saved = {id(p): p.launch.mode for p in used}
+    try:
+        for forced in ("ordered", "public"):
+            for p in used:
+                p.launch.mode = forced
+            again = run()
+            for a, b_ in zip(first, again):
+                assert torch.equal(a, b_), forced
+    finally:
+        for p in used:
+            p.launch.mode = saved[id(p)]
 
 
 def test_misaligned_pointer_is_rejected():

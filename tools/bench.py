@@ -208,7 +208,7 @@ def host_us(rounds: int = 15, calls: int = 2000) -> dict:
         p for p in tc.plan_cache.plans()
         if (p.key.config.sq, p.key.config.h, p.key.config.b, p.key.direction.value) == (s, h, b, "fwd")
     )  # fmt: skip
-    print(f"te_cudnn plan launch: {'direct (native ordered execute)' if plan.launch.direct else 'public graph.execute'}")
+    print(f"te_cudnn plan launch mode: {plan.launch.mode}")
     handle = handle_for(0)
     o, st = torch.empty_like(q), torch.empty(b, h, s, 1, device="cuda")
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)

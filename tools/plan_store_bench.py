@@ -44,7 +44,9 @@ t_end = time.perf_counter()
 s = tc.plan_cache.stats()
 print(json.dumps({"startup_s": t_ready - t_start, "handle_s": t_handle - t_ready, "plans_s": t_end - t_handle,
                   "first_call_to_ready_s": t_end - t_ready, "per_plan_s": per_plan, "builds": s.builds, "loads": s.loads,
-                  "plan_ms": [p["build_ms"] for p in tc.plan_cache.snapshot()]}))
+                  "plan_ms": [p["build_ms"] for p in tc.plan_cache.snapshot()],
+                  "stages_ms": [p["stages_ms"] for p in tc.plan_cache.snapshot()],
+                  "dirs": [p["key"]["direction"] for p in tc.plan_cache.snapshot()]}))
 """.replace("SEQLENS", repr(SEQLENS))
 
 
@@ -71,6 +73,15 @@ def main(argv=None) -> int:
     speedup = cold["first_call_to_ready_s"] / warm["first_call_to_ready_s"]
     build_ms, load_ms = statistics.median(cold["plan_ms"][1:]), statistics.median(warm["plan_ms"][1:])
     per = build_ms / load_ms
+    for name, r in (("build", cold), ("load", warm)):
+        rest = r["stages_ms"][1:]
+        stages = {k: statistics.median(st.get(k, 0.0) for st in rest) for k in rest[0]}
+        print(f"    {name} stages, median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+    for direction in ("fwd", "bwd"):
+        b = [ms for ms, d in zip(cold["plan_ms"][1:], cold["dirs"][1:]) if d == direction]
+        w = [ms for ms, d in zip(warm["plan_ms"][1:], warm["dirs"][1:]) if d == direction]
+        print(f"    {direction} plans: build {statistics.median(b):.1f} ms vs load {statistics.median(w):.2f} ms "
+              f"-> {statistics.median(b) / statistics.median(w):.1f}x")  # fmt: skip
     init = warm["handle_s"] + warm["per_plan_s"][0] - statistics.median(warm["per_plan_s"][1:])
     print(f"(a) first call until 8 shapes' fwd+bwd plans are ready: empty store {cold['first_call_to_ready_s']:.3f} s, "
           f"warm store {warm['first_call_to_ready_s']:.3f} s -> {speedup:.1f}x")  # fmt: skip

@@ -38,6 +38,7 @@ class CompiledPlan:
     evicted: bool = False  # set when the cache drops it; holders then look it up again
     launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
     source: str = "built"  # "built" here, or "store" (deserialized from the plan store)
+    stages: dict = field(default_factory=dict)  # seconds per build or load stage, for inspection
 
     def __post_init__(self) -> None:
         if self.launch is None:
@@ -51,9 +52,11 @@ class CompiledPlan:
             "plan_name": self.plan_name,
             "workspace_bytes": self.workspace_size,
             "build_ms": round(self.build_seconds * 1e3, 3),
+            "stages_ms": {name: round(sec * 1e3, 3) for name, sec in self.stages.items()},
             "source": self.source,
             "hits": self.hits,
             "direct_launch": bool(getattr(self.launch, "direct", False)),
+            "launch": getattr(self.launch, "mode", "custom"),
         }
 
 
@@ -86,23 +89,26 @@ def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
     spec = make_spec()
     g = spec.graph
     steps = (
-        ("validate", g.validate),
-        ("build the operation graph of", g.build_operation_graph),
-        ("create execution plans for", lambda: g.create_execution_plans(_heuristics(cudnn))),
-        ("check support of", g.check_support),
-        ("build plans for", g.build_plans),
+        ("validate", "validate", g.validate),
+        ("operation_graph", "build the operation graph of", g.build_operation_graph),
+        ("heuristics", "create execution plans for", lambda: g.create_execution_plans(_heuristics(cudnn))),
+        ("check_support", "check support of", g.check_support),
+        ("build_plans", "build plans for", g.build_plans),
     )
-    for stage, step in steps:
+    stages = {"graph": time.perf_counter() - start}
+    for name, stage, step in steps:
+        t0 = time.perf_counter()
         try:
             step()
         except Exception as exc:  # cudnnGraphNotSupportedError, RuntimeError from the backend, ...
             raise GraphBuildError(key, stage, exc) from exc
+        stages[name] = time.perf_counter() - t0
     workspace = int(g.get_workspace_size())
     try:
         plan_name = str(g.get_plan_name_at_index(int(getattr(g, "_plan_index", 0))))
     except Exception:  # naming is informational only
         plan_name = "unknown"
-    return CompiledPlan(key, g, spec.uids, workspace, plan_name, time.perf_counter() - start)
+    return CompiledPlan(key, g, spec.uids, workspace, plan_name, time.perf_counter() - start, stages=stages)
 
 
 def _machine_facts(device: int) -> dict[str, Any]:
@@ -141,18 +147,20 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
 
     if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
         return build_plan(key, make_spec)
+    start = time.perf_counter()
     store = store_for(key.config.device)
     desc = key.describe()
     if store is not None:
-        start = time.perf_counter()
         entry = store.load(desc)
         if entry is not None:
             try:
+                t_read = time.perf_counter()
                 g = cudnn_module().pygraph()
                 g.deserialize(handle_for(key.config.device), entry.blob)
+                t_deser = time.perf_counter()
                 return CompiledPlan(key, g, tuple(entry.header["uids"]), int(g.get_workspace_size()),
                                     entry.header.get("plan_name", "unknown"), time.perf_counter() - start,
-                                    source="store")  # fmt: skip
+                                    source="store", stages={"read": t_read - start, "deserialize": t_deser - t_read})  # fmt: skip
             except Exception as exc:  # a plan this cuDNN cannot load: build it again
                 warnings.warn(f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding", stacklevel=2)
     plan = build_plan(key, make_spec)

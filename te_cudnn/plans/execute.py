@@ -2,18 +2,23 @@
 
 ``graph.execute(buffers, workspace, handle=, tensor_uids=)`` (the frontend's ordered fast
 path) re-derives, on every call, facts that never change for a built plan: which engine was
-selected, the backend plan index, the binding schema. :class:`PlanLauncher` derives them once
-and then calls the same native entry points the frontend itself calls, in the same order
-(``_execute_ordered``, then ``_finish_ordered`` + ``_execute_ordered_pack`` when the native
-reader asks for completion). These are internals of cudnn-frontend 1.32, so the launcher
-checks they exist when the plan is built and otherwise, or when
-``TE_CUDNN_PUBLIC_EXECUTE=1``, uses the public ``graph.execute``.
+selected, the backend plan index, the binding schema, each operand's geometry.
+:class:`PlanLauncher` derives them once and then calls the native entry points the frontend
+itself calls: the pointer-array execute its own uid-map path ends in, or the ordered reader.
+These are internals of cudnn-frontend 1.32, so the launcher checks they exist when the plan is
+built and otherwise, or when ``TE_CUDNN_PUBLIC_EXECUTE=1``, uses the public ``graph.execute``.
 """
 
 from __future__ import annotations
 
 import os
+from array import array
+from operator import itemgetter
 from typing import Any, Sequence
+
+import torch
+
+_data_ptr = torch.Tensor.data_ptr
 
 __all__ = ["PlanLauncher"]
 
@@ -21,20 +26,29 @@ _FORCE_PUBLIC = os.environ.get("TE_CUDNN_PUBLIC_EXECUTE", "0") == "1"
 
 
 class PlanLauncher:
-    """``launch(buffers, workspace, handle)``: the direct native path when the frontend's
-    internals are there, else the public ordered execute, else (a deserialized plan carries no
-    operand layout) the public uid -> tensor form."""
+    """``launch(buffers, workspace, handle)``. Modes, fastest first:
 
-    __slots__ = ("graph", "uids", "direct", "by_dict", "_lowered", "_schema", "_cpp_index")
+    * ``raw``: the backend's pointer-array execute (``_execute_with_raw_ptrs``), when every operand
+      slot of the plan is one the caller binds. The operands' geometry is not re-read: te_cudnn's
+      call signature already pins shapes, strides and dtypes to the ones the plan was built for;
+    * ``ordered``: the frontend's native ordered reader (``_execute_ordered``), which also binds the
+      graph's own by-value scalars;
+    * ``public``: ``graph.execute(buffers, tensor_uids=...)``; ``dict``: ``graph.execute({uid: t})``
+      for deserialized plans, which carry no operand layout.
+    """
+
+    __slots__ = ("graph", "uids", "mode", "by_dict", "_lowered", "_schema", "_cpp_index", "_raw", "_pick", "_n", "_identity")
 
     def __init__(self, graph: Any, uids: Sequence[int]):
         self.graph = graph
         self.uids = tuple(uids)
-        self.direct = False
+        self.mode = "public"
         try:
             self.by_dict = graph._prepare_ordered_binding_schema() is None
         except Exception:
             self.by_dict = False
+        if self.by_dict:
+            self.mode = "dict"
         if _FORCE_PUBLIC or self.by_dict:
             return
         try:
@@ -51,19 +65,47 @@ class PlanLauncher:
             return
         self._lowered, self._schema = lowered, schema
         self._cpp_index = -1 if cpp_index is None else cpp_index
-        self.direct = True
+        self.mode = "ordered"
+        try:
+            order = list(graph._variant_pack_uids() or ())
+            raw = lowered._execute_with_raw_ptrs
+        except Exception:
+            return
+        if sorted(order) == order and sorted(order) == sorted(self.uids):
+            positions = [self.uids.index(u) for u in order]
+            self._identity = positions == list(range(len(order)))
+            self._pick = (lambda b: b) if self._identity else itemgetter(*positions)
+            self._raw, self._n = raw, len(order)
+            self.mode = "raw"
+
+    @property
+    def direct(self) -> bool:
+        return self.mode in ("raw", "ordered")
+
+    def with_pointers(self, buffers: list, ptrs: list, workspace: Any, handle: Any) -> None:
+        """As a call, with ``ptrs`` the buffers' data pointers the caller already read."""
+        if self.mode == "raw":
+            arr = array("Q", ptrs if self._identity else self._pick(ptrs))
+            self._raw(arr.buffer_info()[0], self._n, _data_ptr(workspace), handle.backend_handle or 0, self._cpp_index)
+        else:
+            self(buffers, workspace, handle)
 
     def __call__(self, buffers: list, workspace: Any, handle: Any) -> None:
-        if not self.direct:
-            if self.by_dict:
-                self.graph.execute(dict(zip(self.uids, buffers)), workspace, handle=handle)
-            else:
-                self.graph.execute(buffers, workspace, handle=handle, tensor_uids=self.uids)
+        mode = self.mode
+        if mode == "raw":
+            ptrs = array("Q", map(_data_ptr, self._pick(buffers)))
+            self._raw(ptrs.buffer_info()[0], self._n, _data_ptr(workspace), handle.backend_handle or 0, self._cpp_index)
             return
-        g, raw_handle = self.graph, handle.backend_handle or 0
-        result = self._lowered._execute_ordered(
-            self._schema, buffers, self.uids, g._data_bindings, workspace, None, None, None, raw_handle, self._cpp_index
-        )
-        if result is not None:  # the native reader needs Python to describe some operands first
-            pack = g._finish_ordered(self._schema, result, workspace, None)
-            self._lowered._execute_ordered_pack(pack.native, pack.workspace, raw_handle, self._cpp_index)
+        if mode == "ordered":
+            g, raw_handle = self.graph, handle.backend_handle or 0
+            result = self._lowered._execute_ordered(
+                self._schema, buffers, self.uids, g._data_bindings, workspace, None, None, None, raw_handle, self._cpp_index
+            )
+            if result is not None:  # the native reader needs Python to describe some operands first
+                pack = g._finish_ordered(self._schema, result, workspace, None)
+                self._lowered._execute_ordered_pack(pack.native, pack.workspace, raw_handle, self._cpp_index)
+            return
+        if mode == "dict":
+            self.graph.execute(dict(zip(self.uids, buffers)), workspace, handle=handle)
+        else:
+            self.graph.execute(buffers, workspace, handle=handle, tensor_uids=self.uids)
