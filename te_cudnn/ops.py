@@ -298,21 +298,24 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     return ws
 
 
-_launch_local = threading.local()
+class _LaunchLocal(threading.local):
+    def __init__(self) -> None:
+        self.ctx: dict = {}  # (device, stream) -> [handle, reusable workspace, its bytes]
+
+
+_launch_local = _LaunchLocal()
 _data_ptr = torch.Tensor.data_ptr
 _hit = plan_cache.hit
 
 
-def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, check: int = 0) -> None:
+def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: bool = False) -> None:
     """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
     stream's reusable workspace are looked up together, once per (thread, device, stream).
-    ``check``: how many leading buffers are the caller's, to be checked for 16-byte alignment
-    (from the same pointers the launch reads)."""
+    ``checked``: ``buffers`` are the five of a plain forward (q, k, v, o, stats); check their
+    16-byte alignment from the same pointers the launch reads."""
     index = device.index
     slot = (index, _current_raw_stream(index))
-    ctx = getattr(_launch_local, "ctx", None)
-    if ctx is None:
-        ctx = _launch_local.ctx = {}
+    ctx = _launch_local.ctx
     entry = ctx.get(slot)
     if entry is None:  # [handle, reusable workspace, its size in bytes]
         entry = ctx[slot] = [handle_for(index), None, -1]
@@ -330,10 +333,10 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     handle = entry[0]
     if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
         handle = handle_for(index)
-    if check:
+    if checked:
         ptrs = list(map(_data_ptr, buffers))
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
-            _misaligned(q=buffers[0], k=buffers[1], v=buffers[2])
+        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+            _misaligned(q=buffers[0], k=buffers[1], v=buffers[2], out=buffers[3], softmax_lse=buffers[4])
         plan.launch.with_pointers(buffers, ptrs, ws, handle)
     else:
         plan.launch(buffers, ws, handle)
@@ -444,13 +447,15 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
-    if prep.plain and out is None and softmax_lse is None:  # the common case, shortest path
+    if prep.plain:  # dense, no bias, dropout, FP8 or paging: the shortest path
         plan = prep.plan
         if plan is None or not _hit(plan):
             plan = prep.get_plan()
-        buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template),
-                   torch.empty_like(prep.stats_template)]  # fmt: skip
-        _execute(plan, buffers, prep.device, 3)
+        # empty_like is torch's cheapest allocation; the templates are 1-element tensors
+        # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
+        buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template) if out is None else out,
+                   torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
+        _execute(plan, buffers, prep.device, checked=True)
         return buffers[3], [buffers[4], prep.zero_rng]
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())
             | (0 if out is None else out.data_ptr()) | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
@@ -482,9 +487,6 @@ def fused_attn_fwd(
     # graph declares each one's BHSD geometry; execute reads only their memory, so the
     # caller's tensors go in as they are (no permuted views: ~1.5 us each).
     buffers = [q, k, v, out, stats]
-    if prep.plain:  # dense, no bias, dropout, FP8 or paging: nothing more to bind
-        _execute(plan, buffers, prep.device)
-        return out, [stats, prep.zero_rng]
     rng_state = _rng_state(prep, rng_gen)
     if attn_bias is not None:
         buffers.append(attn_bias)

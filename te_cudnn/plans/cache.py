@@ -8,6 +8,7 @@ readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ class CompiledPlan:
     plan_name: str
     build_seconds: float
     hits: int = 0
+    last_used: int = 0  # recency stamp (a process-wide counter), for least-recently-used eviction
     created: float = field(default_factory=time.time)
     evicted: bool = False  # set when the cache drops it; holders then look it up again
     launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
@@ -174,6 +176,13 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     return plan
 
 
+_tick = itertools.count(1).__next__  # atomic under the GIL (one C call)
+
+
+def _recency(plan: CompiledPlan) -> int:
+    return plan.last_used
+
+
 class PlanCache:
     """Bounded LRU ``PlanKey -> CompiledPlan``; one per process, shared by all threads."""
 
@@ -187,7 +196,7 @@ class PlanCache:
         self._entries: "OrderedDict[PlanKey, CompiledPlan]" = OrderedDict()
         self._building: dict[PlanKey, threading.Event] = {}
         self._lock = threading.Lock()
-        self._hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
+        self._retired_hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
         self._build_seconds = 0.0
 
     # ----------------------------------------------------------------- lookups
@@ -199,19 +208,24 @@ class PlanCache:
                 self._touch(plan)
             return plan
 
-    def _touch(self, plan: CompiledPlan) -> None:
-        """Record a hit (the caller holds the lock)."""
-        self._entries.move_to_end(plan.key)
-        self._hits += 1
+    @staticmethod
+    def _touch(plan: CompiledPlan) -> None:
+        """Record a hit: the plan's count and its recency (for least-recently-used eviction)."""
         plan.hits += 1
+        plan.last_used = _tick()
 
     def hit(self, plan: CompiledPlan) -> bool:
-        """Count a hit on a plan the caller already holds; False if it was evicted."""
-        with self._lock:
-            if plan.evicted:
-                return False
-            self._touch(plan)
-            return True
+        """Count a hit on a plan the caller already holds; False if it was evicted.
+
+        The per-call path: no lock. ``hits += 1`` and the recency stamp are single
+        attribute updates with no switch point in between under CPython's GIL, and
+        eviction reads them only under the lock (a stale stamp evicts a plan that was
+        just used, which its holder then rebuilds or reloads)."""
+        if plan.evicted:
+            return False
+        plan.hits += 1
+        plan.last_used = _tick()
+        return True
 
     def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
         """The plan for ``key``, building it (once, even under concurrent callers) on a miss."""
@@ -245,6 +259,7 @@ class PlanCache:
                 else:
                     self._builds += 1
                     self._build_seconds += plan.build_seconds
+                plan.last_used = _tick()
                 self._entries[key] = plan
                 self._evict_to(self.maxsize)
                 del self._building[key]
@@ -264,7 +279,7 @@ class PlanCache:
         """Drop every plan and reset the statistics."""
         with self._lock:
             self._evict_to(0)
-            self._hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
+            self._retired_hits = self._misses = self._builds = self._failures = self._evictions = self._loads = 0
             self._build_seconds = 0.0
 
     def resize(self, maxsize: int) -> None:
@@ -275,9 +290,14 @@ class PlanCache:
             self._evict_to(maxsize)
 
     def _evict_to(self, size: int) -> None:
-        while len(self._entries) > size:
-            _, plan = self._entries.popitem(last=False)
+        """Drop least-recently-used plans until ``size`` remain (the caller holds the lock)."""
+        excess = len(self._entries) - size
+        if excess <= 0:
+            return
+        for plan in sorted(self._entries.values(), key=_recency)[:excess]:
+            del self._entries[plan.key]
             plan.evicted = True
+            self._retired_hits += plan.hits
             self._evictions += 1
 
     def stats(self) -> CacheStats:
@@ -285,7 +305,7 @@ class PlanCache:
             return CacheStats(
                 entries=len(self._entries),
                 maxsize=self.maxsize,
-                hits=self._hits,
+                hits=self._retired_hits + sum(p.hits for p in self._entries.values()),
                 misses=self._misses,
                 builds=self._builds,
                 loads=self._loads,
@@ -297,7 +317,7 @@ class PlanCache:
     def plans(self) -> list[CompiledPlan]:
         """The cached plans, least recently used first."""
         with self._lock:
-            return list(self._entries.values())
+            return sorted(self._entries.values(), key=_recency)
 
     def find(self, key: PlanKey) -> Optional[CompiledPlan]:
         """The plan for ``key`` if cached, without counting a hit or touching recency."""
@@ -317,7 +337,7 @@ class PlanCache:
     def snapshot(self) -> list[dict[str, Any]]:
         """Per-plan information, least recently used first (JSON-friendly)."""
         with self._lock:
-            plans = list(self._entries.values())
+            plans = sorted(self._entries.values(), key=_recency)
         return [p.info() for p in plans]
 
 
