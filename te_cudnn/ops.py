@@ -317,29 +317,31 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     slot = (index, _current_raw_stream(index))
     ctx = _launch_local.ctx
     entry = ctx.get(slot)
-    if entry is None:  # [handle, reusable workspace, its size in bytes]
-        entry = ctx[slot] = [handle_for(index), None, -1]
+    if entry is None:
+        handle = handle_for(index)
+        ws = _workspace(0, device)
+        entry = ctx[slot] = [handle, handle.backend_handle or 0, ws, 0, _data_ptr(ws)]
+    # entry: [handle, its raw cudnnHandle_t, reusable workspace, its bytes, its address]
     nbytes = plan.workspace_size
-    if nbytes == 0:
-        ws = _no_workspace.get(index)
-        if ws is None:
-            ws = _workspace(0, device)
-    elif entry[2] >= nbytes and not _is_capturing():
-        ws = entry[1]
+    if nbytes <= entry[3] and (nbytes == 0 or not _is_capturing()):  # workspace-free plans never touch it
+        ws, ws_ptr = entry[2], entry[4]
     else:
-        ws = _workspace(nbytes, device)
+        ws = _workspace(nbytes, device)  # during capture: a fresh buffer from the graph's pool
+        ws_ptr = _data_ptr(ws)
         if not _is_capturing():
-            entry[1], entry[2] = ws, ws.numel()
+            entry[2], entry[3], entry[4] = ws, ws.numel(), ws_ptr
     handle = entry[0]
     if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
         handle = handle_for(index)
+    launch = plan.launch
     if checked:
         ptrs = list(map(_data_ptr, buffers))
         if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
             _misaligned(q=buffers[0], k=buffers[1], v=buffers[2], out=buffers[3], softmax_lse=buffers[4])
-        plan.launch.with_pointers(buffers, ptrs, ws, handle)
-    else:
-        plan.launch(buffers, ws, handle)
+        if launch.mode == "raw":
+            launch.raw(ptrs, ws_ptr, entry[1])
+            return
+    launch(buffers, ws, handle)
 
 
 # ================================================================================ forward

@@ -82,13 +82,11 @@ class PlanLauncher:
     def direct(self) -> bool:
         return self.mode in ("raw", "ordered")
 
-    def with_pointers(self, buffers: list, ptrs: list, workspace: Any, handle: Any) -> None:
-        """As a call, with ``ptrs`` the buffers' data pointers the caller already read."""
-        if self.mode == "raw":
-            arr = array("Q", ptrs if self._identity else self._pick(ptrs))
-            self._raw(arr.buffer_info()[0], self._n, _data_ptr(workspace), handle.backend_handle or 0, self._cpp_index)
-        else:
-            self(buffers, workspace, handle)
+    def raw(self, ptrs: list, workspace_ptr: int, raw_handle: int) -> None:
+        """Mode ``raw`` only: launch with the operands' data pointers (in ``uids`` order), the
+        workspace address and the raw ``cudnnHandle_t``, all already read by the caller."""
+        arr = array("Q", ptrs if self._identity else self._pick(ptrs))
+        self._raw(arr.buffer_info()[0], self._n, workspace_ptr, raw_handle, self._cpp_index)
 
     def __call__(self, buffers: list, workspace: Any, handle: Any) -> None:
         mode = self.mode
