@@ -15,7 +15,7 @@ import torch
 
 import te_cudnn as tc
 from te_cudnn.backends import REGISTRY
-from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVLayout
+from te_cudnn.enums import AttnMaskType, QKVLayout
 from te_cudnn.layouts import layout_info
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close, make_qkv, rel_error, to_bhsd

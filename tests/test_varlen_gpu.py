@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import te_cudnn as tc
-from te_cudnn.enums import AttnMaskType, QKVFormat, QKVLayout, QKVLayoutGroup
+from te_cudnn.enums import QKVFormat, QKVLayout, QKVLayoutGroup
 from te_cudnn.layouts import layout_info
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close

@@ -14,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 SEQLENS = [256, 384, 512, 640, 768, 1024, 1536, 2048]
 
