@@ -342,3 +342,54 @@ def test_concurrent_failed_build_is_retried_by_a_waiter() -> None:
     assert len(builder.calls) == 2
     s = cache.stats()
     assert (s.builds, s.build_failures, s.entries) == (1, 1, 1)
+
+
+def test_hits_of_evicted_plans_still_count() -> None:
+    """Hits are counted on the plans without a lock; the cache total keeps those of evicted plans."""
+    cache = PlanCache(maxsize=1, builder=Builder())
+    k1, k2 = _keys(2)
+    p1 = cache.get_or_build(k1, _no_spec)
+    for _ in range(5):
+        assert cache.hit(p1)
+    cache.get_or_build(k2, _no_spec)  # evicts k1
+    assert p1.evicted and cache.stats().hits == 5
+    assert cache.hit(p1) is False and p1.hits == 5
+    cache.clear()
+    assert cache.stats().hits == 0
+
+
+def test_snapshot_names_launch_mode_and_stages() -> None:
+    class Launch:
+        mode = "raw"
+
+    def builder(k: PlanKey, make_spec) -> CompiledPlan:
+        return CompiledPlan(k, graph=object(), uids=(), workspace_size=0, plan_name="test", build_seconds=0.002,
+                            launch=Launch(), stages={"validate": 0.0005, "build_plans": 0.0015})  # fmt: skip
+
+    cache = PlanCache(maxsize=2, builder=builder)
+    cache.get_or_build(_keys(1)[0], _no_spec)
+    (info,) = cache.snapshot()
+    assert info["launch"] == "raw"
+    assert info["stages_ms"] == {"validate": 0.5, "build_plans": 1.5}
+
+
+def test_non_persistable_plans_skip_the_plan_store(monkeypatch, tmp_path) -> None:
+    """max512 plans (Capabilities.persistable=False) are built, never stored or loaded."""
+    from te_cudnn.plans import cache as cache_module
+
+    monkeypatch.setenv("TE_CUDNN_PLAN_STORE", str(tmp_path))
+    built: list[PlanKey] = []
+
+    def fake_build(k, make_spec):
+        built.append(k)
+        return CompiledPlan(k, graph=object(), uids=(), workspace_size=0, plan_name="test", build_seconds=0.0)
+
+    def no_store(device):
+        raise AssertionError("a non-persistable plan must not reach the plan store")
+
+    monkeypatch.setattr(cache_module, "build_plan", fake_build)
+    monkeypatch.setattr(cache_module, "store_for", no_store)
+    k = key(backend=FusedAttnBackend.F16_max512_seqlen)
+    plan = cache_module.build_or_load_plan(k, _no_spec)
+    assert plan.source == "built" and built == [k]
+    assert not any(tmp_path.iterdir())
