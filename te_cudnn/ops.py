@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .backends import BY_ENUM, Direction, SubBackend, Uid, explain_config, select
+from .backends import BY_ENUM, Direction, SubBackend, explain_config, select
 from .config import AttnConfig, describe_bwd, describe_fwd, describe_shapes
 from .enums import (
     META_DO,
@@ -28,8 +28,7 @@ from .enums import (
     FusedAttnBackend,
     QKVLayout,
 )
-from .errors import UnsupportedConfigError
-from .layouts import alloc_qkv_grads, layout_info
+from .layouts import alloc_qkv_grads
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
@@ -300,7 +299,7 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
 
 class _LaunchLocal(threading.local):
     def __init__(self) -> None:
-        self.ctx: dict = {}  # (device, stream) -> [handle, reusable workspace, its bytes]
+        self.ctx: dict = {}  # (device, stream) -> [handle, raw cudnnHandle_t, reusable workspace, its bytes, its address]
 
 
 _launch_local = _LaunchLocal()

@@ -5,8 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttnConfig
-from ..runtime import cudnn_module
+from ..runtime import cudnn_module, torch_dtype_to_cudnn
 from .base import Uid
+
+
+def new_graph(name: str, cfg: AttnConfig, handle: Any) -> tuple[Any, Any]:
+    """An empty graph in the call's I/O dtype with fp32 intermediates and compute, and that
+    dtype's cuDNN enum. ``handle`` None: a deviceless graph (built and validated on CPU)."""
+    cudnn = cudnn_module()
+    io = torch_dtype_to_cudnn(cfg.dtype)
+    kwargs = {} if handle is None else {"handle": handle}
+    f32 = cudnn.data_type.FLOAT
+    return cudnn.pygraph(name=name, io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, **kwargs), io
 
 
 def scalar(graph: Any, uid: int) -> Any:

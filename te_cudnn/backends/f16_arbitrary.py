@@ -17,7 +17,7 @@ from ..config import AttnConfig
 from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
 from ..layouts import layout_info
 from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
-from ._common import padding_kwargs
+from ._common import new_graph, padding_kwargs
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["F16ArbitrarySeqlen"]
@@ -194,16 +194,7 @@ class F16ArbitrarySeqlen(SubBackend):
         return uids
 
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
-        cudnn = cudnn_module()
-        io = torch_dtype_to_cudnn(cfg.dtype)
-        kwargs = {} if handle is None else {"handle": handle}
-        g = cudnn.pygraph(
-            name=f"te_cudnn_{self.name}_{direction.value}",
-            io_data_type=io,
-            intermediate_data_type=cudnn.data_type.FLOAT,
-            compute_data_type=cudnn.data_type.FLOAT,
-            **kwargs,
-        )
+        g, io = new_graph(f"te_cudnn_{self.name}_{direction.value}", cfg, handle)
         rag = self._ragged(g, cfg)
         q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q,
                      ragged_offset=rag.get(Uid.RAGGED_Q))  # fmt: skip

@@ -32,7 +32,8 @@ import torch
 
 from ..config import AttnConfig
 from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout
-from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
+from ..runtime import RuntimeEnv, cudnn_module
+from ._common import new_graph
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["F16Max512Seqlen", "MASK_VALUE"]
@@ -107,17 +108,7 @@ class F16Max512Seqlen(SubBackend):
     # ------------------------------------------------------------------ graphs
     @staticmethod
     def _graph(cfg: AttnConfig, handle: Any, direction: Direction) -> tuple[Any, Any]:
-        cudnn = cudnn_module()
-        io = torch_dtype_to_cudnn(cfg.dtype)
-        kwargs = {} if handle is None else {"handle": handle}
-        g = cudnn.pygraph(
-            name=f"te_cudnn_F16_max512_seqlen_{direction.value}",
-            io_data_type=io,
-            intermediate_data_type=cudnn.data_type.FLOAT,
-            compute_data_type=cudnn.data_type.FLOAT,
-            **kwargs,
-        )
-        return g, io
+        return new_graph(f"te_cudnn_F16_max512_seqlen_{direction.value}", cfg, handle)
 
     @staticmethod
     def softmax_stride(cfg: AttnConfig) -> list[int]:

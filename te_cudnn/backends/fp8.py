@@ -20,7 +20,7 @@ from ..config import FP8_DTYPES, AttnConfig
 from ..enums import BACKEND_FP8_THREADS_PER_CTA, AttnBiasType, AttnMaskType, FusedAttnBackend
 from ..layouts import DENSE_LAYOUTS
 from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
-from ._common import padding_kwargs, scalar
+from ._common import new_graph, padding_kwargs, scalar
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["FP8Backend"]
@@ -69,13 +69,7 @@ class FP8Backend(SubBackend):
 
     # ------------------------------------------------------------------ graphs
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
-        cudnn = cudnn_module()
-        io = torch_dtype_to_cudnn(cfg.dtype)
-        kwargs = {} if handle is None else {"handle": handle}
-        g = cudnn.pygraph(
-            name=f"te_cudnn_FP8_{direction.value}", io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-            compute_data_type=cudnn.data_type.FLOAT, **kwargs,
-        )  # fmt: skip
+        g, io = new_graph(f"te_cudnn_FP8_{direction.value}", cfg, handle)
         q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
         k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
         v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)

@@ -37,9 +37,14 @@ SUFFIX = ".plan"
 
 
 def _canon(value: Any) -> Any:
-    """The JSON form of a description (tuples become lists), so that what is compared after a
-    round trip through a file is what was written."""
-    return json.loads(json.dumps(value, sort_keys=True))
+    """The JSON form of a description (tuples become lists, keys strings), so that what is
+    compared after a round trip through a file is what was written. Structural, not a JSON
+    round trip: a load pays it once per plan."""
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canon(v) for v in value]
+    return value
 
 
 def fingerprint_of(facts: dict[str, Any]) -> str:
@@ -106,7 +111,8 @@ class PlanStore:
     @staticmethod
     def read(path: Path) -> StoredPlan:
         """Parse one file; raises ValueError when it is not a whole, intact plan file."""
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
         if not data.startswith(MAGIC):
             raise ValueError("not a te_cudnn plan file (bad magic)")
         start = len(MAGIC) + 4
@@ -128,10 +134,10 @@ class PlanStore:
         """The stored plan for this key and fingerprint, or None (bad files are skipped)."""
         key_description = _canon(key_description)
         path = self.path_for(key_description)
-        if not path.exists():
-            return None
         try:
             entry = self.read(path)
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError) as exc:
             warnings.warn(f"te_cudnn: skipping plan file {path}: {exc}; the plan will be rebuilt", stacklevel=2)
             return None
