@@ -2,10 +2,9 @@
 store (built) and with a warm store (loaded); per-plan build vs load; the one-time cuDNN
 initialisation neither path avoids.
 
-Each case runs twice: "queued", the natural flow (each call finds the previous calls' GPU work
-still queued), and "idle" (the GPU is synchronised, untimed, before each call). They differ for
-a load: the frontend's deserialize ends with a warm-up capture and a cudaFree, which waits for
-all queued GPU work, so a queued load also pays for the caller's earlier kernels.
+Host timings on lent machines vary by 1.5x between processes, so the cold/warm pair runs
+``--repeat`` times (each with its own empty store) and the summary gives every pair and the
+medians over pairs.
 
     python tools/plan_store_bench.py [--json out.json]
 """
@@ -24,7 +23,6 @@ SEQLENS = [256, 384, 512, 640, 768, 1024, 1536, 2048]
 
 CHILD = r"""
 import json, sys, time
-idle = sys.argv[1] == "idle"
 t_start = time.perf_counter()
 import torch
 import te_cudnn as tc
@@ -38,14 +36,9 @@ for s in SEQLENS:
     q, k, v = (torch.randn(2, s, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cu = torch.arange(0, 3 * s, s, dtype=torch.int32, device="cuda")
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
-    if idle:
-        torch.cuda.synchronize()
     t0 = time.perf_counter()
     out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
     t1 = time.perf_counter()
-    if idle:
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()  # the forward's kernels are not the backward's cost
     tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, out, q.dtype, aux, None, **kw)
     torch.cuda.synchronize()
     t2 = time.perf_counter()
@@ -60,9 +53,9 @@ print(json.dumps({"startup_s": t_ready - t_start, "handle_s": t_handle - t_ready
 """.replace("SEQLENS", repr(SEQLENS))
 
 
-def child(store: str, mode: str) -> dict:
+def child(store: str) -> dict:
     env = dict(os.environ, TE_CUDNN_PLAN_STORE=store)
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -71,8 +64,8 @@ def _median_ms(r: dict, direction: str | None = None) -> float:
     return statistics.median(ms for ms, d in zip(r["plan_ms"][1:], r["dirs"][1:]) if direction in (None, d))
 
 
-def report(mode: str, cold: dict, warm: dict, warm2: dict) -> dict:
-    print(f"--- {mode}")
+def report(label: str, cold: dict, warm: dict, warm2: dict) -> dict:
+    print(f"--- {label}")
     for name, r in (("cold", cold), ("warm", warm), ("warm_again", warm2)):
         rest = r["per_plan_s"][1:]
         print(f"{name:10} first call -> 16 plans ready {r['first_call_to_ready_s']:.3f} s (cuDNN handle {r['handle_s']:.3f} s, "
@@ -97,18 +90,51 @@ def report(mode: str, cold: dict, warm: dict, warm2: dict) -> dict:
           f"{statistics.median(warm['per_plan_s'][1:]) * 1e3:.1f} ms")  # fmt: skip
     print(f"(c) one-time cuDNN initialisation inside (a): ~{init:.3f} s of the warm {warm['first_call_to_ready_s']:.3f} s "
           f"(handle {warm['handle_s']:.3f} s + first plan's excess)")  # fmt: skip
-    return {"a_speedup": speedup, "b_ratio": ratios, "c_init_s": init}
+    return {
+        "a_speedup": speedup,
+        "a_cold_s": cold["first_call_to_ready_s"],
+        "a_warm_s": warm["first_call_to_ready_s"],
+        "b_build_ms": _median_ms(cold),
+        "b_load_ms": _median_ms(warm),
+        "b_ratio": ratios,
+        "c_init_s": init,
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None)
+    p.add_argument("--repeat", type=int, default=3, help="cold/warm pairs, each with its own empty store")
     args = p.parse_args(argv)
     res = {}
-    for mode in ("queued", "idle"):
+    for i in range(1, args.repeat + 1):
         with tempfile.TemporaryDirectory() as store:
-            runs = [child(store, mode) for _ in range(3)]  # empty store, then warm twice
-        res[mode] = {"cold": runs[0], "warm": runs[1], "warm_again": runs[2], "summary": report(mode, *runs)}
+            runs = [child(store) for _ in range(3)]  # empty store, then warm twice
+        res[f"pair{i}"] = {
+            "cold": runs[0],
+            "warm": runs[1],
+            "warm_again": runs[2],
+            "summary": report(f"pair {i}", *runs),
+        }
+    sums = [r["summary"] for r in res.values()]
+    med = statistics.median
+
+    def spread(values) -> str:
+        values = list(values)
+        return f"{med(values):.1f}x (pairs: {', '.join(f'{v:.1f}' for v in values)})"
+
+    print(f"=== medians over {len(sums)} pairs")
+    print(
+        f"(a) {med(x['a_cold_s'] for x in sums):.3f} s empty store vs {med(x['a_warm_s'] for x in sums):.3f} s warm: "
+        + spread(x["a_speedup"] for x in sums)
+    )
+    print(
+        f"(b) build {med(x['b_build_ms'] for x in sums):.1f} ms vs load {med(x['b_load_ms'] for x in sums):.2f} ms: "
+        + spread(x["b_ratio"]["all"] for x in sums)
+        + f"; fwd {spread(x['b_ratio']['fwd'] for x in sums)}, "
+        f"bwd {spread(x['b_ratio']['bwd'] for x in sums)}"
+    )
+    print(f"(c) one-time cuDNN initialisation: {med(x['c_init_s'] for x in sums):.3f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
