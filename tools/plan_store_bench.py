@@ -49,7 +49,8 @@ print(json.dumps({"startup_s": t_ready - t_start, "handle_s": t_handle - t_ready
                   "first_call_to_ready_s": t_end - t_ready, "per_plan_s": per_plan, "builds": s.builds, "loads": s.loads,
                   "plan_ms": [p["build_ms"] for p in tc.plan_cache.snapshot()],
                   "stages_ms": [p["stages_ms"] for p in tc.plan_cache.snapshot()],
-                  "dirs": [p["key"]["direction"] for p in tc.plan_cache.snapshot()]}))
+                  "dirs": [p["key"]["direction"] for p in tc.plan_cache.snapshot()],
+                  "keys": [json.dumps(p["key"], sort_keys=True) for p in tc.plan_cache.snapshot()]}))
 """.replace("SEQLENS", repr(SEQLENS))
 
 
@@ -62,6 +63,23 @@ def child(store: str) -> dict:
 def _median_ms(r: dict, direction: str | None = None) -> float:
     """Median plan-cache time (build or load) of the plans after the process's first."""
     return statistics.median(ms for ms, d in zip(r["plan_ms"][1:], r["dirs"][1:]) if direction in (None, d))
+
+
+def _by_key(r: dict) -> dict[str, tuple[str, float]]:
+    """Plan key -> (direction, plan-cache ms), without the process's first plan."""
+    return {k: (d, ms) for k, d, ms in list(zip(r["keys"], r["dirs"], r["plan_ms"]))[1:]}
+
+
+def per_plan_ratios(colds: list[dict], warms: list[dict]) -> dict[str, float]:
+    """The same plan built vs loaded: per key, the median build over ``colds`` / the median load
+    over ``warms``; then the median over keys (all, and per direction)."""
+    builds, loads = [_by_key(r) for r in colds], [_by_key(r) for r in warms]
+    keys = set.intersection(*(set(x) for x in builds + loads))
+    ratio = {k: statistics.median(b[k][1] for b in builds) / statistics.median(w[k][1] for w in loads) for k in keys}
+    out = {"all": statistics.median(ratio.values())}
+    for direction in ("fwd", "bwd"):
+        out[direction] = statistics.median(v for k, v in ratio.items() if builds[0][k][0] == direction)
+    return out
 
 
 def report(label: str, cold: dict, warm: dict, warm2: dict) -> dict:
@@ -80,6 +98,9 @@ def report(label: str, cold: dict, warm: dict, warm2: dict) -> dict:
         b, w = _median_ms(cold, direction), _median_ms(warm, direction)
         ratios[direction or "all"] = b / w
         print(f"    {direction or 'all'} plans: build {b:.1f} ms vs load {w:.2f} ms -> {b / w:.1f}x")
+    same = per_plan_ratios([cold], [warm])
+    print(f"    the same plan built vs loaded, median over plans: {same['all']:.1f}x (fwd {same['fwd']:.1f}x, "
+          f"bwd {same['bwd']:.1f}x)")  # fmt: skip
     speedup = cold["first_call_to_ready_s"] / warm["first_call_to_ready_s"]
     init = warm["handle_s"] + warm["per_plan_s"][0] - statistics.median(warm["per_plan_s"][1:])
     print(f"(a) first call until 8 shapes' fwd+bwd plans are ready: empty store {cold['first_call_to_ready_s']:.3f} s, "
@@ -97,6 +118,7 @@ def report(label: str, cold: dict, warm: dict, warm2: dict) -> dict:
         "b_build_ms": _median_ms(cold),
         "b_load_ms": _median_ms(warm),
         "b_ratio": ratios,
+        "b_same_plan": same,
         "c_init_s": init,
     }
 
@@ -133,6 +155,13 @@ def main(argv=None) -> int:
         + spread(x["b_ratio"]["all"] for x in sums)
         + f"; fwd {spread(x['b_ratio']['fwd'] for x in sums)}, "
         f"bwd {spread(x['b_ratio']['bwd'] for x in sums)}"
+    )
+    pooled = per_plan_ratios([r["cold"] for r in res.values()], [r["warm"] for r in res.values()])
+    print(
+        f"(b) the same plan built vs loaded: {spread(x['b_same_plan']['all'] for x in sums)}; fwd "
+        f"{spread(x['b_same_plan']['fwd'] for x in sums)}, bwd {spread(x['b_same_plan']['bwd'] for x in sums)}; "
+        f"per plan over all pairs (median build / median load, then median over plans): {pooled['all']:.1f}x "
+        f"(fwd {pooled['fwd']:.1f}x, bwd {pooled['bwd']:.1f}x)"
     )
     print(f"(c) one-time cuDNN initialisation: {med(x['c_init_s'] for x in sums):.3f} s")
     if args.json:
