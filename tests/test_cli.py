@@ -20,23 +20,16 @@ import torch
 
 from te_cudnn.backends import Direction
 from te_cudnn.cli import build_parser, main
-from te_cudnn.config import describe_shapes
-from te_cudnn.enums import FusedAttnBackend
-from te_cudnn.plans import CompiledPlan, PlanCache, PlanKey, make_key
+from te_cudnn.plans import CompiledPlan, PlanCache, PlanKey
 from te_cudnn.plans.store import PlanStore
 
-FACTS = {"gpu": "NVIDIA H100 80GB HBM3", "sm": 90, "sm_count": 132, "cudnn": 91900, "frontend": "1.32.0", "te_cudnn": "0.1.0"}
+from _plan_helpers import FACTS, sizes_key
+
 FACTS_OLD = {**FACTS, "cudnn": 91800}
 
 
 def make(direction: Direction = Direction.FWD, **over: Any) -> PlanKey:
-    a: dict[str, Any] = dict(
-        is_training=True, dtype=torch.bfloat16, qkv_layout="bshd_bshd_bshd", attn_bias_type="no_bias",
-        attn_mask_type="causal", softmax_type="vanilla", dropout=0.0, num_attn_heads=16, num_gqa_groups=16,
-        max_seqlen_q=512, max_seqlen_kv=512, head_dim_qk=64, head_dim_v=64, window_size=(-1, -1), batch_size=2, device=0,
-    )  # fmt: skip
-    a.update(over)
-    return make_key(FusedAttnBackend.F16_arbitrary_seqlen, direction, describe_shapes(**a), 91900, "1.32.0")
+    return sizes_key(direction, **over)
 
 
 def blob(i: int) -> bytes:
