@@ -30,13 +30,13 @@ from .enums import (
 )
 from .errors import GraphBuildError, TeCudnnError, UnsupportedConfigError
 from .layouts import get_qkv_layout
-from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend
+from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
 from .plans import plan_cache
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation",
+    "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",
     "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache",
     "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention",
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",

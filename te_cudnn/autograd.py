@@ -9,8 +9,9 @@ over expanded or transposed gradients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -37,11 +38,52 @@ class AttnOptions:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
+#: Names people reach for (PyTorch's SDPA, flash-attention, TransformerEngine's modules) and
+#: the option that means it here.
+_ALIASES = {
+    "mask": "attn_mask_type", "mask_type": "attn_mask_type", "attn_mask": "attn_mask_type",
+    "causal": "attn_mask_type='causal'", "is_causal": "attn_mask_type='causal'",
+    "bias_type": "attn_bias_type", "bias": "attn_bias (a tensor) and attn_bias_type",
+    "layout": "qkv_layout", "qkv_format": "qkv_layout", "scale": "attn_scale", "softmax_scale": "attn_scale",
+    "dropout_p": "dropout", "attention_dropout": "dropout", "window": "window_size",
+    "backend": "fused_attention_backend",
+}  # fmt: skip
+_OPTION_NAMES = tuple(f.name for f in fields(AttnOptions) if f.name != "extra")
+
+
+def _options(function: str, options: dict[str, Any], accepted: Iterable[str], arguments: Iterable[str]) -> AttnOptions:
+    """``AttnOptions`` from keyword options, or a ``TypeError`` that names the unknown keyword,
+    what was probably meant and every accepted option (``AttnOptions``' own error names only
+    the dataclass)."""
+    accepted = tuple(accepted)
+    for name in options:
+        if name in accepted:
+            continue
+        if name in _OPTION_NAMES:  # an option of fused_attention that this function does not pass on
+            raise TypeError(
+                f"{function}() does not take {name}={options[name]!r} (it has no such option, and ignoring it would "
+                f"change the result silently); accepted options: {', '.join(accepted)}"
+            )
+        every = (*arguments, *accepted)
+        guess = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, every, n=1)), None)
+        hint = f" (did you mean {guess}?)" if guess else ""
+        raise TypeError(
+            f"{function}() got an unexpected keyword argument {name!r}{hint}; accepted keyword arguments: "
+            f"{', '.join(every)}"
+        )
+    return AttnOptions(**options)
+
+
 def _readable_grad(g: torch.Tensor) -> torch.Tensor:
     esize = g.element_size()
     if g.stride(-1) == 1 and all(s * esize % 16 == 0 for n, s in zip(g.shape[:-1], g.stride()[:-1]) if n > 1):
         return g
     return g.contiguous()
+
+
+_FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training")
+#: The options :class:`Fp8FusedAttnFunc` passes on (it has no bias, dropout or window).
+_FP8_OPTIONS = ("qkv_layout", "attn_mask_type", "attn_scale", "deterministic", "fused_attention_backend")
 
 
 class FusedAttnFunc(torch.autograd.Function):
@@ -91,9 +133,10 @@ def fused_attention(
     """Differentiable fused attention with keyword options (see :class:`AttnOptions`).
 
     Sequence lengths are read off q and k for the layout's format; ``is_training`` defaults
-    to ``torch.is_grad_enabled()``.
+    to ``torch.is_grad_enabled()``. An unknown keyword raises ``TypeError`` naming it and
+    listing the accepted ones.
     """
-    opts = AttnOptions(**options)
+    opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
     from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
     from .layouts import layout_info  # noqa: PLC0415
 
@@ -139,8 +182,12 @@ class Fp8FusedAttnFunc(torch.autograd.Function):
 
 
 def fp8_attention(q, k, v, meta, *, cu_seqlens_q=None, cu_seqlens_kv=None, **options: Any) -> torch.Tensor:
-    """Differentiable FP8 fused attention for fp16/bf16 q, k, v (see :class:`Fp8FusedAttnFunc`)."""
-    opts = AttnOptions(**options)
+    """Differentiable FP8 fused attention for fp16/bf16 q, k, v (see :class:`Fp8FusedAttnFunc`).
+
+    Options: ``qkv_layout``, ``attn_mask_type``, ``attn_scale``, ``deterministic``,
+    ``fused_attention_backend``; any other keyword (``dropout``, ``window_size``, a bias, ...)
+    raises ``TypeError`` rather than being ignored."""
+    opts = _options("fp8_attention", options, _FP8_OPTIONS, ("cu_seqlens_q", "cu_seqlens_kv"))
     from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
     from .layouts import layout_info  # noqa: PLC0415
 

@@ -72,6 +72,12 @@ class AttnConfig:
     # backward: aux_ctx_tensors[0] is the full softmax S [b, h, sq, skv] a max512 forward saved
     # (io dtype), not the fp32 softmax stats the flash sub-backends save
     saved_softmax: bool = False
+    # A zero-size call (a batch, sequence, token count or max_seqlen of 0): answered without
+    # cuDNN (see te_cudnn.empty); such a configuration never reaches a graph.
+    empty: bool = False
+    # The caller's post-scale bias has strides (or a start address) cuDNN cannot take: it is
+    # copied into an aligned buffer with ``bias_stride`` (the one place the fused path copies).
+    bias_copy: bool = False
 
     @property
     def is_ragged(self) -> bool:
@@ -123,9 +129,22 @@ class AttnConfig:
 # --------------------------------------------------------------------------------------------
 
 
+def _value(value: Any) -> str:
+    """A short, one-line description of a wrong value for a message: its type and repr."""
+    if isinstance(value, torch.Tensor):
+        kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+        if kind != "strided":  # sparse and nested tensors have no (plain) shape
+            return f"a {kind} {str(value.dtype).removeprefix('torch.')} tensor"
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)} on {value.device}"
+    text = " ".join(repr(value).split())
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 def _tensor(name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {_value(t)}")
+    if t.is_nested or t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {_value(t)}")
     return t
 
 
@@ -138,29 +157,60 @@ def _same_device(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all tensors must share one device")
 
 
+def _cudnn_can_read(t: torch.Tensor) -> bool:
+    """cuDNN reads ``t`` in place: unit-stride last dim, 16-byte multiples for the other
+    strides (dims of size 1 excepted) and a 16-byte aligned start."""
+    esize, stride = t.element_size(), t.stride()
+    if t.shape[-1] > 1 and stride[-1] != 1:
+        return False
+    if any(n > 1 and (s * esize) % _ALIGN_BYTES for n, s in zip(t.shape[:-1], stride[:-1])):
+        return False
+    return t.device.type == "meta" or t.data_ptr() % _ALIGN_BYTES == 0
+
+
+def aligned_contiguous_strides(shape: Sequence[int], element_size: int) -> tuple[int, ...]:
+    """Contiguous strides for ``shape`` with the last dim padded to 16 bytes: the buffer an
+    unaligned bias is copied into."""
+    per = _ALIGN_BYTES // element_size
+    row = -(-shape[-1] // per) * per
+    out = [1, row]
+    for n in reversed(shape[1:-1]):
+        out.append(out[-1] * n)
+    return tuple(reversed(out))
+
+
 def _check_strides(name: str, t: torch.Tensor) -> None:
+    """Unit-stride last dim; 16-byte multiples for the other strides. A head dim whose rows
+    are not 16-byte multiples (d = 7 in bf16) is not a stride problem: it is left to the
+    sub-backends' head-dim rule, which reports it as the head dimension."""
     stride = t.stride()
+    if t.numel() == 0:  # an empty tensor (autograd hands zero-stride gradients for them) has no memory to read
+        return
     if stride[-1] != 1:
         raise ValueError(
             f"{name} must have a unit-stride last dimension, got shape {tuple(t.shape)} stride {tuple(stride)}"
         )
     esize = t.element_size()
+    if (t.shape[-1] * esize) % _ALIGN_BYTES:
+        return
     bad = [s for n, s in zip(t.shape[:-1], stride[:-1]) if n > 1 and (s * esize) % _ALIGN_BYTES]
     if bad:
         raise ValueError(
-            f"{name} has strides {tuple(stride)} ({esize}-byte elements); cuDNN needs every non-unit stride "
-            f"to be a multiple of {_ALIGN_BYTES} bytes (head dims a multiple of {_ALIGN_BYTES // esize})"
+            f"{name} has shape {tuple(t.shape)} and strides {tuple(stride)} ({esize}-byte elements); cuDNN needs "
+            f"every stride but the last to be a multiple of {_ALIGN_BYTES} bytes (stride {bad[0]} is "
+            f"{bad[0] * esize} bytes): pass {name}.contiguous() or a view of a buffer with such strides"
         )
 
 
-def _check_cu_seqlens(name: str, t: Optional[torch.Tensor], b: int, q: torch.Tensor, required: bool) -> None:
+def _check_cu_seqlens(name: str, t: Optional[torch.Tensor], b: int, q: torch.Tensor, required: bool,
+                      needed_by: str = "padding masks") -> None:  # fmt: skip
     if t is None:
         if required:
-            raise ValueError(f"{name} is required for padding masks (int32 [b+1] = [{b + 1}])")
+            raise ValueError(f"{name} is required for {needed_by} (int32 [b+1] = [{b + 1}])")
         return
     _tensor(name, t)
     if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {t.dtype}")
+        raise TypeError(f"{name} must be int32, got {t.dtype} (an int32 [b+1] = [{b + 1}] tensor on q's device)")
     if t.dim() != 1 or t.shape[0] != b + 1:
         raise ValueError(f"{name} must have shape [b+1] = [{b + 1}], got {list(t.shape)}")
     _same_device(name, t, q)
@@ -168,14 +218,16 @@ def _check_cu_seqlens(name: str, t: Optional[torch.Tensor], b: int, q: torch.Ten
 
 def _scalar(name: str, value: Any, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {type(value).__name__}")
+        raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {_value(value)}")
     return kind(value)
 
 
 def _window(window_size: Any, mask: AttnMaskType) -> tuple[int, int]:
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise ValueError(f"window_size must be a (left, right) pair, got {window_size!r}")
-    left, right = (_scalar("window_size", w, int) for w in window_size)
+        raise ValueError(f"window_size must be a (left, right) pair of ints, got {_value(window_size)}")
+    if any(isinstance(w, bool) or not isinstance(w, int) for w in window_size):
+        raise TypeError(f"window_size must hold two ints (-1 means unbounded), got ({', '.join(map(_value, window_size))})")
+    left, right = (int(w) for w in window_size)
     if left < -1 or right < -1:
         raise ValueError(f"window_size={tuple(window_size)} entries must be >= -1 (-1 means unbounded)")
     if mask.is_causal:
@@ -240,6 +292,12 @@ def describe_fwd(
     deterministic: bool = False,
 ) -> AttnConfig:
     """Validate a forward call and describe it (dense, THD and mixed layouts; not paged)."""
+    if isinstance(v, torch.dtype) and not isinstance(is_training, bool):  # every positional moved up by one
+        raise TypeError(
+            f"v must be a torch.Tensor, got the dtype {v} (and is_training={_value(is_training)}): is is_training "
+            "missing? fused_attn_fwd's positional arguments are (is_training, max_seqlen_q, max_seqlen_kv, "
+            "cu_seqlens_q, cu_seqlens_kv, q, k, v, qkv_dtype, ...)"
+        )
     q, k, v = _tensor("q", q), _tensor("k", k), _tensor("v", v)
     layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
     info = layout_info(layout)
@@ -247,7 +305,7 @@ def describe_fwd(
     bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
     softmax = SoftmaxType.coerce(softmax_type, argument="softmax_type")
     if not isinstance(is_training, bool):
-        raise TypeError(f"is_training must be a bool, got {type(is_training).__name__}")
+        raise TypeError(f"is_training must be a bool, got {_value(is_training)}")
 
     dtype = q.dtype
     if dtype not in F16_DTYPES + FP8_DTYPES:
@@ -257,7 +315,8 @@ def describe_fwd(
             raise TypeError(f"{name}.dtype={t.dtype} differs from q.dtype={dtype}")
         _same_device(name, t, q)
     if qkv_dtype is not None and qkv_dtype != dtype and dtype in F16_DTYPES:
-        raise TypeError(f"qkv_dtype={qkv_dtype} does not match q.dtype={dtype}")
+        raise TypeError(f"qkv_dtype={qkv_dtype if isinstance(qkv_dtype, torch.dtype) else _value(qkv_dtype)} does not "
+                        f"match q.dtype={dtype} (pass q.dtype or None)")  # fmt: skip
 
     max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
     max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
@@ -268,7 +327,9 @@ def describe_fwd(
         want = 3 if ragged else 4
         if t.dim() != want:
             fmt = info.q_format if name == "q" else info.kv_format
-            raise ValueError(f"{name} must be {want}-d in format {fmt.name}, got shape {list(t.shape)}")
+            raise ValueError(
+                f"{name} must be {want}-d in format {fmt.name}, got shape {list(t.shape)} (qkv_layout={layout.name})"
+            )
     # Batch size: from the dense side's tensors, else from cu_seqlens (THD tensors have no b).
     if info.is_paged:
         b = _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v)
@@ -280,8 +341,8 @@ def describe_fwd(
         if cu_seqlens_q is None:
             raise ValueError(f"qkv_layout={layout.name} needs cu_seqlens_q (int32 [b+1]) to know the batch")
         _tensor("cu_seqlens_q", cu_seqlens_q)
-        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
-            raise ValueError(f"cu_seqlens_q must have shape [b+1] with b >= 1, got {list(cu_seqlens_q.shape)}")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+            raise ValueError(f"cu_seqlens_q must have shape [b+1] (b >= 0), got {list(cu_seqlens_q.shape)}")
         b = cu_seqlens_q.shape[0] - 1
     # A graph's batch dim is a bucket only when every side is ragged (dense tensors fix b).
     b_graph = bucket_batch(b) if (ragged_q and ragged_kv) else b  # paged: kv is dense (pages), so b
@@ -293,20 +354,31 @@ def describe_fwd(
     paged = None
     if info.is_paged:  # k/v are page pools: [num_pages, hg, page_size, d] in BHSD order
         if (bk, sv) != (bv, skv):
-            raise ValueError(f"k and v page pools differ: k {list(k.shape)}, v {list(v.shape)} (layout {layout.name})")
+            raise ValueError(
+                f"k and v page pools differ: k {list(k.shape)}, v {list(v.shape)} (qkv_layout={layout.name})"
+            )
         paged = (bk, skv, page_table_k.shape[1])
+        if bk == 0 and max_seqlen_kv > 0:
+            raise ValueError(f"k and v page pools hold no pages ({list(k.shape)}) but max_seqlen_kv={max_seqlen_kv}")
         if max_seqlen_kv > paged[1] * paged[2]:
             raise ValueError(
                 f"max_seqlen_kv={max_seqlen_kv} exceeds the page tables' capacity {paged[2]} pages x {paged[1]} tokens"
             )
         bk = bv = bq
         sv = skv = max_seqlen_kv
+    for name, t, n, what in (("q", q, h, "heads"), ("k", k, hg, "heads"), ("q", q, d_qk, "a head dim"),
+                             ("v", v, d_v, "a head dim")):  # fmt: skip
+        if n == 0:
+            raise ValueError(
+                f"{name} has shape {list(t.shape)}, i.e. {what} of 0 (layout {layout.name}); fused attention needs "
+                "at least one head and head dims >= 1 (a batch, sequence or token count of 0 is fine)"
+            )
     if (bk, bv) != (bq, bq):
-        raise ValueError(f"batch sizes differ: q has b={bq}, k has b={bk}, v has b={bv} (layout {layout.name})")
+        raise ValueError(f"batch sizes differ: q has b={bq}, k has b={bk}, v has b={bv} (qkv_layout={layout.name})")
     if (hv, sv) != (hg, skv):
         raise ValueError(f"k has {hg} heads x {skv} keys but v has {hv} heads x {sv} keys")
     if ragged_kv and k.shape[0] != v.shape[0]:
-        raise ValueError(f"k holds {k.shape[0]} tokens but v holds {v.shape[0]} (layout {layout.name})")
+        raise ValueError(f"k holds {k.shape[0]} tokens but v holds {v.shape[0]} (qkv_layout={layout.name})")
     if dk != d_qk:
         raise ValueError(f"q head dim {d_qk} differs from k head dim {dk}")
     if hg == 0 or h % hg:
@@ -318,7 +390,7 @@ def describe_fwd(
             f"qkv_layout={layout.name} packs q, k and v in one buffer, so they need one shape; got "
             f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
         )
-    if info.packs_qkv or info.packs_kv:
+    if (info.packs_qkv or info.packs_kv) and q.numel() and k.numel():  # empty views carry no addresses to check
         actual = get_qkv_layout(q, k, v, info.q_format.name)
         if actual != layout.name:
             raise ValueError(
@@ -329,19 +401,23 @@ def describe_fwd(
     if ragged_q or ragged_kv:
         # dq/dk/dv share the inputs' ragged offsets, so THD inputs need the layout's own strides.
         for name, t, g in zip("qkv", (q, k, v), grads):
-            if t.dim() == 3 and t.stride() != g.stride():
+            if t.dim() == 3 and t.numel() and t.stride() != g.stride():
                 raise ValueError(
                     f"{name} has strides {tuple(t.stride())}; THD tensors of qkv_layout={layout.name} must have "
                     f"the layout's packed strides {tuple(g.stride())} (tokens contiguous)"
                 )
     if not ragged_q and max_seqlen_q != sq:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (layout {layout.name})")
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})")
     if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
-        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (layout {layout.name})")
-    if ragged_q and max_seqlen_q < 1 or ragged_kv and max_seqlen_kv < 1:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 1")
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, b, q, mask.is_padding or ragged_q)
-    _check_cu_seqlens("cu_seqlens_kv", cu_seqlens_kv, b, q, mask.is_padding or ragged_kv)
+        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (qkv_layout={layout.name})")
+    if ragged_q and max_seqlen_q < 0 or ragged_kv and max_seqlen_kv < 0:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 0")
+    # Nothing to attend: no batch, no queries or no keys (THD: no tokens, or a max_seqlen of 0)
+    empty = 0 in (b, max_seqlen_q if ragged_q else sq, max_seqlen_kv if ragged_kv else skv) or (
+        ragged_q and q.shape[0] == 0) or (ragged_kv and k.shape[0] == 0)  # fmt: skip
+    for name, t, ragged in (("cu_seqlens_q", cu_seqlens_q, ragged_q), ("cu_seqlens_kv", cu_seqlens_kv, ragged_kv)):
+        needed_by = f"attn_mask_type={mask.name}" if mask.is_padding else f"qkv_layout={layout.name} (THD tensors)"
+        _check_cu_seqlens(name, t, b, q, mask.is_padding or ragged, needed_by)
     for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
         if t is not None:
             _check_cu_seqlens(name, t, b, q, False)
@@ -359,6 +435,7 @@ def describe_fwd(
         stats_stride = (h * sq, sq, 1, 1)
 
     bias_shape = bias_stride = None
+    bias_copy = False
     if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
         if attn_bias is None:
             raise ValueError(f"attn_bias_type={bias_type.name} needs attn_bias, got None")
@@ -373,8 +450,9 @@ def describe_fwd(
                 f"attn_bias has shape {list(shape)}; expected [1 or b, 1 or h, sq, skv] = "
                 f"[1|{b}, 1|{h}, {sq}, {skv}] (or [1, 1, 1, {skv}])"
             )
-        _check_strides("attn_bias", attn_bias)
-        bias_shape, bias_stride = shape, tuple(attn_bias.stride())
+        bias_shape, bias_stride, bias_copy = shape, tuple(attn_bias.stride()), not _cudnn_can_read(attn_bias)
+        if bias_copy:  # ops copies it into a buffer with these (aligned) strides; dBias comes back in the caller's
+            bias_stride = aligned_contiguous_strides(shape, attn_bias.element_size())
     elif attn_bias is not None:
         raise ValueError(f"attn_bias was given but attn_bias_type={bias_type.name}; pass attn_bias_type='post_scale_bias'")
 
@@ -412,6 +490,7 @@ def describe_fwd(
         bias_type=bias_type,
         bias_shape=bias_shape,
         bias_stride=bias_stride,
+        bias_copy=bias_copy,
         softmax_type=softmax,
         dropout=dropout if is_training else 0.0,
         is_training=is_training,
@@ -427,6 +506,7 @@ def describe_fwd(
         stats_stride=stats_stride,
         grad_strides=grad_strides,
         paged=paged,
+        empty=empty,
     )
 
 
@@ -437,7 +517,8 @@ def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) 
             raise ValueError(f"qkv_layout={layout.name} needs {name} (int32 [b, max_pages_per_seq])")
         _tensor(name, t)
         if t.dtype != torch.int32 or t.dim() != 2 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous int32 [b, max_pages_per_seq] tensor, got {t.dtype} {list(t.shape)}")
+            raise ValueError(f"{name} must be a contiguous int32 [b, max_pages_per_seq] tensor, got {t.dtype} "
+                             f"{list(t.shape)} stride {tuple(t.stride())}")  # fmt: skip
         _same_device(name, t, q)
     if page_table_k.shape != page_table_v.shape:
         raise ValueError(f"page_table_k {list(page_table_k.shape)} and page_table_v {list(page_table_v.shape)} differ")
@@ -446,8 +527,12 @@ def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) 
         qb = q.shape[1] if layout_info(layout).q_format == QKVFormat.sbhd else q.shape[0]
         if qb != b:
             raise ValueError(f"q has b={qb} but the page tables have {b} rows")
-    elif cu_seqlens_q is None or cu_seqlens_q.shape[0] != b + 1:
-        raise ValueError(f"cu_seqlens_q must have shape [b+1] = [{b + 1}] for {b} page-table rows")
+    elif cu_seqlens_q is None:
+        raise ValueError(f"qkv_layout={layout.name} needs cu_seqlens_q (int32 [b+1] = [{b + 1}] for {b} page-table rows)")
+    elif _tensor("cu_seqlens_q", cu_seqlens_q).dim() != 1 or cu_seqlens_q.shape[0] != b + 1:
+        raise ValueError(
+            f"cu_seqlens_q must have shape [b+1] = [{b + 1}] for {b} page-table rows, got {list(cu_seqlens_q.shape)}"
+        )
     return b
 
 
@@ -486,7 +571,8 @@ def describe_bwd(
     stats_shape = (q.shape[0], fwd.h, 1) if fwd.ragged_q else (fwd.b, fwd.h, fwd.sq, 1)
     softmax_shape = (fwd.b, fwd.h, fwd.sq, fwd.skv)
     # F16_max512_seqlen saves the full softmax S (io dtype) instead of the fp32 stats
-    saved_softmax = not fwd.ragged_q and stats.dtype == fwd.dtype and tuple(stats.shape) == softmax_shape and fwd.skv > 1
+    saved_softmax = (not fwd.ragged_q and stats.dtype == fwd.dtype and tuple(stats.shape) == softmax_shape
+                     and (fwd.skv > 1 or fwd.empty))  # fmt: skip
     if not saved_softmax and (stats.dtype != torch.float32 or tuple(stats.shape) != stats_shape) or not stats.is_contiguous():
         raise ValueError(
             f"aux_ctx_tensors[0] (softmax stats) must be a contiguous float32 {list(stats_shape)} tensor "
@@ -500,7 +586,7 @@ def describe_bwd(
     bias = None
     if want == 3:
         bias = _tensor("aux_ctx_tensors[2]", aux_ctx_tensors[2])
-        if tuple(bias.shape) != fwd.bias_shape or tuple(bias.stride()) != fwd.bias_stride:
+        if tuple(bias.shape) != fwd.bias_shape:  # its strides: read in place, or copied (fwd.bias_copy)
             raise ValueError(f"aux_ctx_tensors[2] (bias) must match the forward's attn_bias {list(fwd.bias_shape or ())}")
     _, do_stride = _geometry(info.q_format, "d_o", d_o, fwd.b, fwd.sq)
     _, o_stride = _geometry(info.q_format, "o", o, fwd.b, fwd.sq)
@@ -512,6 +598,28 @@ def describe_bwd(
     cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride,
                   do_dtype=d_o.dtype if d_o.dtype != fwd.dtype else None, saved_softmax=saved_softmax)
     return cfg, stats, rng_state, bias
+
+
+def _bias_shape(bias_shape: Any, b: int, h: int, sq: int, skv: int) -> tuple[int, ...]:
+    """The bias shape a sizes-only description names: [1 or b, 1 or h, 1 or sq, skv] (default 1hss)."""
+    if bias_shape is None:
+        return (1, h, sq, skv)
+    if not isinstance(bias_shape, (tuple, list)) or any(isinstance(n, bool) or not isinstance(n, int) for n in bias_shape):
+        raise TypeError(f"bias_shape must be a sequence of 4 ints, got {_value(bias_shape)}")
+    shape = tuple(bias_shape)
+    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2] not in (1, sq) or shape[3] != skv:
+        raise ValueError(f"bias_shape={list(shape)}; expected [1 or b, 1 or h, 1 or sq, skv] = [1|{b}, 1|{h}, 1|{sq}, {skv}]")
+    return shape
+
+
+def _attn_scale(attn_scale: Any, d_qk: int) -> float:
+    """``attn_scale``, default ``1 / sqrt(d_qk)``; a finite number."""
+    if attn_scale is None:
+        return 1.0 / math.sqrt(d_qk)
+    attn_scale = _scalar("attn_scale", attn_scale, float)
+    if not math.isfinite(attn_scale):
+        raise ValueError(f"attn_scale={attn_scale} must be finite")
+    return attn_scale
 
 
 def describe_shapes(
@@ -547,29 +655,41 @@ def describe_shapes(
     info = layout_info(layout)
     if layout.value >= 15:
         raise ValueError(f"qkv_layout={layout.name}: sizes-only descriptions cover the 15 core layouts")
-    if dtype not in F16_DTYPES + FP8_DTYPES:
-        raise TypeError(f"dtype={dtype}; fused attention takes float16, bfloat16 or float8")
+    if not isinstance(dtype, torch.dtype) or dtype not in F16_DTYPES + FP8_DTYPES:
+        raise TypeError(f"q_dtype={dtype if isinstance(dtype, torch.dtype) else _value(dtype)}: fused attention takes "
+                        "torch.float16, torch.bfloat16, torch.float8_e4m3fn or torch.float8_e5m2")  # fmt: skip
+    for name, flag in (("is_training", is_training), ("deterministic", deterministic)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {_value(flag)}")
     ragged = info.q_format == QKVFormat.thd
     b, h, hg = (_scalar(n, x, int) for n, x in (("batch_size", batch_size), ("num_attn_heads", num_attn_heads), ("num_gqa_groups", num_gqa_groups)))
     sq, skv = _scalar("max_seqlen_q", max_seqlen_q, int), _scalar("max_seqlen_kv", max_seqlen_kv, int)
     d_qk, d_v = _scalar("head_dim_qk", head_dim_qk, int), _scalar("head_dim_v", head_dim_v, int)
-    for name, value in (("batch_size", b), ("num_attn_heads", h), ("num_gqa_groups", hg), ("max_seqlen_q", sq),
-                        ("max_seqlen_kv", skv), ("head_dim_qk", d_qk), ("head_dim_v", d_v)):  # fmt: skip
+    for name, value in (("num_attn_heads", h), ("num_gqa_groups", hg), ("head_dim_qk", d_qk), ("head_dim_v", d_v)):
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1")
+    for name, value in (("batch_size", b), ("max_seqlen_q", sq), ("max_seqlen_kv", skv)):
+        if value < 0:
+            raise ValueError(f"{name}={value} must be >= 0 (0 describes an empty call)")
+    empty = 0 in (b, sq, skv)
     if h % hg:
         raise ValueError(f"num_gqa_groups={hg} does not divide num_attn_heads={h}")
     if (info.packs_qkv or info.packs_kv) and d_qk != d_v:
         raise ValueError(f"qkv_layout={layout.name} packs k and v, so head_dim_qk={d_qk} must equal head_dim_v={d_v}")
     if info.packs_qkv and (sq != skv or h != hg):
-        raise ValueError(f"qkv_layout={layout.name} packs q, k and v, so it needs sq == skv and h == hg")
+        raise ValueError(
+            f"qkv_layout={layout.name} packs q, k and v, so it needs max_seqlen_q == max_seqlen_kv and num_attn_heads == "
+            f"num_gqa_groups, got {sq}, {skv} and {h}, {hg}"
+        )
     mask = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
     bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
     if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
-        shape = tuple(bias_shape) if bias_shape is not None else (1, h, sq, skv)
-        stride = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+        shape = _bias_shape(bias_shape, b, h, sq, skv)
+        stride = aligned_contiguous_strides(shape, torch.empty((), dtype=dtype).element_size())  # a contiguous
+        copy = stride[-2] != shape[-1]  # bias whose rows are not 16-byte multiples is copied into this buffer
     else:
         shape = stride = None
+        copy = False
     total_q, total_kv = b * sq, b * skv  # THD token counts assumed from the sizes
     if ragged:  # graph sizes are buckets; see te_cudnn.ragged
         b, sq, skv = bucket_batch(b), bucket_seqlen(sq), bucket_seqlen(skv)
@@ -582,14 +702,13 @@ def describe_shapes(
     return AttnConfig(
         dtype=dtype, layout=layout, b=b, h=h, hg=hg, sq=sq, skv=skv, d_qk=d_qk, d_v=d_v,
         q_stride=st["q"], k_stride=st["k"], v_stride=st["v"], o_stride=st["o"],
-        mask=mask, bias_type=bias_type, bias_shape=shape, bias_stride=stride,
+        mask=mask, bias_type=bias_type, bias_shape=shape, bias_stride=stride, bias_copy=copy,
         softmax_type=SoftmaxType.coerce(softmax_type, argument="softmax_type"),
         dropout=dropout, is_training=bool(is_training), window=_window(window_size, mask),
         bottom_right_diagonal=mask.is_bottom_right,
-        attn_scale=float(attn_scale) if attn_scale is not None else 1.0 / math.sqrt(d_qk),
-        deterministic=bool(deterministic), device=device,
+        attn_scale=_attn_scale(attn_scale, d_qk), deterministic=deterministic, device=device,
         ragged_q=ragged, ragged_kv=ragged,
         max_total_q=bucket_tokens(total_q) if ragged else 0, max_total_kv=bucket_tokens(total_kv) if ragged else 0,
         stats_stride=(sq * h, 1, h, 1) if ragged else (h * sq, sq, 1, 1),
-        grad_strides=(st["q"], st["k"], st["v"]),
+        grad_strides=(st["q"], st["k"], st["v"]), empty=empty,
     )  # fmt: skip

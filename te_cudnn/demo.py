@@ -23,7 +23,7 @@ from .backends import BY_ENUM, Direction
 from .config import describe_shapes
 from .enums import FusedAttnBackend, QKVLayout
 from .reference import attention_reference
-from .runtime import HOPPER_CUDNN_919, current_env
+from .runtime import HOPPER_CUDNN_919, current_env, format_versions
 from .testing import BENCHMARK_CONFIGS, BenchConfig, make_qkv, rel_error, to_bhsd
 
 LAYOUT = QKVLayout.bshd_bshd_bshd
@@ -52,7 +52,13 @@ def _reference_errors(cfg: BenchConfig, q, k, v, bias, out, d_o, dq, dk, dv) -> 
     leaves = [sl(q, n_q).requires_grad_(), sl(k, n_kv).requires_grad_(), sl(v, n_kv).requires_grad_()]
     b = bias[:, :n_q].float() if bias is not None else None
     ref = attention_reference(*leaves, attn_mask_type=cfg.mask, attn_bias_type=cfg.bias, attn_bias=b)
-    (gq,) = torch.autograd.grad(ref.out, leaves[:1], sl(d_o, n_q))
+    # Run the reference backward on this thread. Autograd's own CUDA worker thread has no
+    # current CUDA context until something makes one (torch skips cudaSetDevice there when the
+    # device number already matches), and the reference's first backward op is a cuBLAS
+    # matmul, so torch would warn "Attempting to run cuBLAS, but there was no current CUDA
+    # context!" -- a warning about the demo's plumbing, not about anything the user did.
+    with torch.autograd.set_multithreading_enabled(False):
+        (gq,) = torch.autograd.grad(ref.out, leaves[:1], sl(d_o, n_q))
     return rel_error(sl(out, n_q), ref.out), rel_error(sl(dq, n_q), gq)
 
 
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = current_env()
     on_gpu = env.can_execute
-    print(f"te_cudnn demo on {env.describe()}")
+    print(f"te_cudnn demo: {format_versions()}")
     if not on_gpu:
         print("No CUDA device with cuDNN here: building and validating the graphs only; executing them needs a GPU.")
         print(f"Sub-backend choice below assumes the measured machine: {HOPPER_CUDNN_919.describe()}")

@@ -210,17 +210,62 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+#: Where each per-tensor format keeps its batch and its sequence (token) dimension.
+_BATCH_SEQ_DIMS = {QKVFormat.sbhd: (1, 0), QKVFormat.bshd: (0, 1), QKVFormat.thd: (None, 0)}
+_DIMS_NAMES = {QKVFormat.sbhd: "[s, b, h, d]", QKVFormat.bshd: "[b, s, h, d]", QKVFormat.thd: "[t, h, d]"}
+
+
+def _check_format(fmt: QKVFormat, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Reject q, k, v whose shapes contradict ``fmt`` (what a shape can tell: the number of
+    dims, one batch size, k and v of one length), suggesting the format that would fit."""
+    ndim = 3 if fmt == QKVFormat.thd else 4
+    shapes = {name: list(t.shape) for name, t in (("q", q), ("k", k), ("v", v))}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != ndim:
+            raise ValueError(
+                f"qkv_format={fmt.name!r} takes {ndim}-d tensors {_DIMS_NAMES[fmt]}, but {name} has shape "
+                f"{shapes[name]} (q {shapes['q']}, k {shapes['k']}, v {shapes['v']})"
+            )
+    b_dim, s_dim = _BATCH_SEQ_DIMS[fmt]
+    if b_dim is not None and not q.shape[b_dim] == k.shape[b_dim] == v.shape[b_dim]:
+        other = QKVFormat.bshd if fmt == QKVFormat.sbhd else QKVFormat.sbhd
+        o_dim = _BATCH_SEQ_DIMS[other][0]
+        hint = (
+            f"; they would fit qkv_format={other.name!r}"
+            if q.shape[o_dim] == k.shape[o_dim] == v.shape[o_dim] else ""
+        )  # fmt: skip
+        raise ValueError(
+            f"qkv_format={fmt.name!r} reads the batch size from dim {b_dim} of {_DIMS_NAMES[fmt]}, but q, k, v "
+            f"have {q.shape[b_dim]}, {k.shape[b_dim]}, {v.shape[b_dim]} there (q {shapes['q']}, k {shapes['k']}, "
+            f"v {shapes['v']}){hint}"
+        )
+    if k.shape[s_dim] != v.shape[s_dim]:
+        what = "tokens" if fmt == QKVFormat.thd else "keys"
+        raise ValueError(
+            f"qkv_format={fmt.name!r}: k holds {k.shape[s_dim]} {what} (dim {s_dim}) but v holds {v.shape[s_dim]} "
+            f"(k {shapes['k']}, v {shapes['v']})"
+        )
+
+
 def get_qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str = "sbhd") -> str:
     """The layout name of given q, k, v (TransformerEngine's ``get_qkv_layout``).
 
-    ``qkv_format`` is the per-tensor format (``"sbhd"``, ``"bshd"`` or ``"thd"``). Tensors that
-    are equally spaced slices of one buffer give a packed name (``sb3hd``/``sbh3d`` for q, k and
-    v; ``sbhd_sb2hd``/``sbhd_sbh2d`` for k and v); otherwise ``sbhd_sbhd_sbhd``. Raises
-    ``ValueError`` when a tensor's last dimension is not unit-stride, since no layout fits.
+    ``qkv_format`` is the per-tensor format (``"sbhd"``, ``"bshd"`` or ``"thd"``); as in
+    TransformerEngine it defaults to ``"sbhd"``, so pass ``"bshd"`` for batch-first tensors: a
+    shape cannot tell ``[s, b, h, d]`` from ``[b, s, h, d]``. Tensors that are equally spaced
+    slices of one buffer give a packed name (``sb3hd``/``sbh3d`` for q, k and v;
+    ``sbhd_sb2hd``/``sbhd_sbh2d`` for k and v); otherwise ``sbhd_sbhd_sbhd``.
+
+    Raises ``ValueError`` when the tensors cannot be in ``qkv_format``: sbhd/bshd need 4-d and
+    thd 3-d tensors, q, k and v need one batch size (dim 1 for sbhd, dim 0 for bshd), and k and
+    v one sequence length (or token count); and when a tensor's last dimension is not
+    unit-stride, since no layout fits. Cross-attention (``sq != skv``), GQA (``hg != h``) and
+    ``d_v != d_qk`` are fine.
     """
     fmt = QKVFormat.coerce(qkv_format, argument="qkv_format")
     if fmt not in (QKVFormat.sbhd, QKVFormat.bshd, QKVFormat.thd):
         raise ValueError(f"qkv_format={qkv_format!r} must be one of 'sbhd', 'bshd', 'thd'")
+    _check_format(fmt, q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit-stride last dimension, got stride {tuple(t.stride())}")

@@ -9,14 +9,17 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 
 from __future__ import annotations
 
+import logging
 import threading
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import torch
 
 from .backends import BY_ENUM, Direction, SubBackend, explain_config, select
-from .config import AttnConfig, describe_bwd, describe_fwd, describe_shapes
+from .config import AttnConfig, _check_cu_seqlens, _value, describe_bwd, describe_fwd, describe_shapes
+from .empty import empty_bwd, empty_fwd
 from .enums import (
     META_DO,
     META_DP,
@@ -31,10 +34,13 @@ from .enums import (
 from .layouts import alloc_qkv_grads
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.handles import current_raw_stream as _current_raw_stream
+from .plans.handles import release_thread_handles
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
 from .runtime import RuntimeEnv, current_env, frontend_version
 
-__all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation"]
+__all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces"]
+
+_log = logging.getLogger("te_cudnn")
 
 _MEMO_LIMIT = 4096  # distinct call signatures remembered (each entry is a few hundred bytes)
 
@@ -63,6 +69,8 @@ class _Prepared:
     zero_rng: Optional[torch.Tensor] = None  # the device's shared all-zero rng_state
     full_lens: Optional[list] = None  # max512: int32 [b,1,1,1] lengths sq and skv for its length mask
     zero_stats: bool = False  # max512 causal: S must start zeroed
+    empty: bool = False  # a zero-size call: answered by te_cudnn.empty, never by cuDNN
+    cu_len: Optional[int] = None  # varlen: the length every cu_seqlens* must have (None: THD, varies per call)
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -70,7 +78,10 @@ class _Prepared:
         plan = self.plan
         if plan is None or not plan_cache.hit(plan):
             backend, cfg, device = self.backend, self.cfg, self.device.index
-            plan = self.plan = plan_cache.get_or_build(self.key, lambda: backend.build(cfg, self.key.direction, handle_for(device)))
+            with torch.cuda.device(device):  # build / deserialize in the tensors' device's context
+                plan = self.plan = plan_cache.get_or_build(
+                    self.key, lambda: backend.build(cfg, self.key.direction, handle_for(device))
+                )
         return plan
 
 
@@ -108,7 +119,40 @@ def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
         bucket_seqlen(max_seqlen_kv) if len(ks) == 3 else max_seqlen_kv,
         None if cu_q is None else bucket_batch(cu_q.shape[0] - 1), None if cu_kv is None else cu_kv.shape == cu_q.shape,
         cu_q.shape if cu_q is not None and (len(qs) == 4 or len(ks) == 4) else None,
+        # zero-size calls (answered without cuDNN) share no signature with the others of their bucket
+        0 in (qs[0], ks[0], max_seqlen_q, max_seqlen_kv) or (cu_q is not None and cu_q.shape[0] < 2),
     )  # fmt: skip
+
+
+_INT32 = torch.int32
+
+
+def _check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence[Optional[torch.Tensor]],
+                           page_tables: Sequence[Optional[torch.Tensor]] = ()) -> None:  # fmt: skip
+    """Per call, what the call signature does not key on: the cu_seqlens* and page tables
+    are runtime data (their values vary per batch), so their dtype, device and length are
+    checked here; a mismatch gets the first call's full message. Variable-length calls only."""
+    device, n = prep.device, prep.cu_len
+    if n is None and cu_seqlens[0] is not None:  # THD: every cu_seqlens* has cu_seqlens_q's length
+        n = cu_seqlens[0].shape[0]
+    names = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+    for name, t in zip(names, cu_seqlens):
+        if t is not None and (t.dtype is not _INT32 or t.device != device or t.dim() != 1 or t.shape[0] != n):
+            _check_cu_seqlens(name, t, n - 1, q, True)
+            raise ValueError(f"{name} must be int32 [b+1] = [{n}] on {device} like cu_seqlens_q, got "
+                             f"{t.dtype} {list(t.shape)} on {t.device}")  # fmt: skip
+    for name, t in zip(("page_table_k", "page_table_v"), page_tables):
+        if t.dtype is not _INT32 or t.device != device or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 [b, max_pages_per_seq] tensor on {device}, got "
+                             f"{t.dtype} {list(t.shape)} stride {tuple(t.stride())} on {t.device}")  # fmt: skip
+
+
+def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
+    """The caller's post-scale bias in a buffer cuDNN can read (``cfg.bias_stride``: rows padded
+    to 16 bytes). The one place the fused path copies; see AttnConfig.bias_copy."""
+    shape, stride = cfg.bias_shape, cfg.bias_stride
+    buf = torch.empty(shape[0] * stride[0], dtype=bias.dtype, device=bias.device).as_strided(shape, stride)
+    return buf.copy_(bias)
 
 
 def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
@@ -195,20 +239,23 @@ def _check_no_fp8_args(dtype: torch.dtype, q: Optional[torch.Tensor] = None, off
     given = [name for name, t in tensors.items() if t is not None]
     if dtype in (torch.float16, torch.bfloat16):
         if given:
-            raise ValueError(f"{', '.join(given)} are FP8 scaling arguments, but q is {str(dtype).removeprefix('torch.')}")
+            raise ValueError(f"{', '.join(given)} are FP8 scaling arguments, but q is {str(dtype).removeprefix('torch.')}; "
+                             "pass them with float8 q, k, v only (or leave them None)")  # fmt: skip
         return
     for name, t in tensors.items():
         offset = (offsets or {}).get(name, 0)
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise TypeError(f"{name}_offset must be an int (the slot of {name} to use), got {_value(offset)}")
         if t is None:
             raise ValueError(f"{name} is required for FP8 attention (fp32 metadata tensor, slot {offset})")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor (an fp32 FP8 metadata table), got {_value(t)}")
         if t.dtype != torch.float32 or t.dim() != 1:
             raise ValueError(f"{name} must be a 1-d float32 tensor (an FP8 metadata table), got {t.dtype} {list(t.shape)}")
         if q is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; FP8 scales are read on the device")
         if not 0 <= offset < t.shape[0]:
-            raise ValueError(f"{name}_offset={offset} is outside {name} of length {t.shape[0]}")
+            raise ValueError(f"{name}_offset={offset} is outside {name} of length {t.shape[0]} (0 <= offset < {t.shape[0]})")
 
 
 def _fp8_sig(tensors: tuple, offsets: tuple) -> tuple:
@@ -243,6 +290,9 @@ def _slot(table: torch.Tensor, offset: int) -> torch.Tensor:
     return table.as_strided((1, 1, 1, 1), (1, 1, 1, 1), table.storage_offset() + offset * table.stride(0))
 
 
+_rng_lock = threading.Lock()
+
+
 def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Tensor:
     """[seed, offset] for cuDNN's Philox dropout; advances the generator like TE."""
     device = prep.device.index
@@ -255,8 +305,9 @@ def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Ten
     if torch.cuda.is_current_stream_capturing():
         raise ValueError("dropout inside CUDA-graph capture is not supported yet: the Philox state is read on the host")
     seed = gen.initial_seed()
-    offset = gen.get_offset()
-    gen.set_offset(offset + (prep.rng_increment + 3) // 4 * 4)  # torch keeps offsets 4-aligned
+    with _rng_lock:  # read-and-advance as one step: two threads never draw the same offset
+        offset = gen.get_offset()
+        gen.set_offset(offset + (prep.rng_increment + 3) // 4 * 4)  # torch keeps offsets 4-aligned
     if seed >= 1 << 63:  # the uint64 seed travels bit-for-bit in an int64 tensor
         seed -= 1 << 64
     return torch.tensor([seed, offset], dtype=torch.int64).to(prep.device, non_blocking=True)
@@ -297,22 +348,64 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     return ws
 
 
+class _LaunchContexts(dict):
+    """(device, stream) -> [handle, raw cudnnHandle_t, reusable workspace, its bytes, its address]
+    for one thread (a dict that can be weakly referenced, so release_workspaces() reaches it)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_all_contexts: dict[int, "weakref.ref[_LaunchContexts]"] = {}  # every live thread's contexts
+_contexts_lock = threading.Lock()
+
+
 class _LaunchLocal(threading.local):
     def __init__(self) -> None:
-        self.ctx: dict = {}  # (device, stream) -> [handle, raw cudnnHandle_t, reusable workspace, its bytes, its address]
+        self.ctx = ctx = _LaunchContexts()
+        key = id(ctx)
+        with _contexts_lock:  # the entry leaves with its thread
+            _all_contexts[key] = weakref.ref(ctx, lambda _, key=key: _all_contexts.pop(key, None))
 
 
 _launch_local = _LaunchLocal()
 _data_ptr = torch.Tensor.data_ptr
 _hit = plan_cache.hit
+try:  # the C entry point behind torch.cuda.current_device (the device guard's one integer compare)
+    _current_device = torch._C._cuda_getDevice
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    _current_device = torch.cuda.current_device
+
+
+def release_workspaces() -> int:
+    """Drop the cuDNN workspaces te_cudnn keeps for reuse (every thread, device and stream);
+    returns their bytes. The memory goes back to PyTorch's caching allocator (follow with
+    ``torch.cuda.empty_cache()`` to return it to the driver); the next call allocates what its
+    plan needs. Safe at any time: a launch in flight keeps its buffer until it is done.
+    Also releases the calling thread's cuDNN handles (other threads' go when they exit)."""
+    with _contexts_lock:
+        contexts = [c for c in (ref() for ref in list(_all_contexts.values())) if c is not None]
+    buffers = {id(ws): ws for ws in _workspaces.values()}
+    _workspaces.clear()
+    for ctx in contexts:
+        for entry in list(ctx.values()):
+            if entry[3]:  # the shared 16-byte placeholder of workspace-free plans stays
+                buffers[id(entry[2])] = entry[2]
+        ctx.clear()
+    release_thread_handles()
+    return sum(ws.numel() for ws in buffers.values())
 
 
 def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: bool = False) -> None:
     """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
     stream's reusable workspace are looked up together, once per (thread, device, stream).
     ``checked``: ``buffers`` are the five of a plain forward (q, k, v, o, stats); check their
-    16-byte alignment from the same pointers the launch reads."""
+    16-byte alignment from the same pointers the launch reads. When the tensors' device is not
+    the current one (model parallel in one process, Hugging Face ``device_map``), the launch
+    runs under a guard that makes it current."""
     index = device.index
+    if index != _current_device():
+        with torch.cuda.device(index):
+            return _execute(plan, buffers, device, checked)
     slot = (index, _current_raw_stream(index))
     ctx = _launch_local.ctx
     entry = ctx.get(slot)
@@ -332,6 +425,8 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     handle = entry[0]
     if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
         handle = handle_for(index)
+        if handle is not entry[0]:  # the thread's handle was released and replaced meanwhile
+            entry[0], entry[1] = handle, handle.backend_handle or 0
     launch = plan.launch
     if checked:
         ptrs = list(map(_data_ptr, buffers))
@@ -404,9 +499,11 @@ def fused_attn_fwd(
     (post_scale_bias only)]``, which ``fused_attn_bwd`` takes back.
 
     ``fused_attention_backend=None`` selects the sub-backend; naming one checks it and never
-    falls back. Masks: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right``; note that
-    TransformerEngine's default ``attn_mask_type="padding"`` needs variable-length support
-    (issue #3). ``window_size=(left, right)`` lets query i see keys
+    falls back. Masks: ``no_mask``, ``causal`` (top-left), ``causal_bottom_right`` and the
+    padding masks ``padding``, ``padding_causal``, ``padding_causal_bottom_right`` (TE's
+    default), whose per-sequence lengths come from ``cu_seqlens_q/kv`` (int32 ``[b + 1]``,
+    checked on every call); THD and paged layouts as in the README. ``window_size=(left, right)``
+    lets query i see keys
     ``[i + skv - sq - left, i + skv - sq + right]`` (bottom-right aligned; top-left drops the
     ``skv - sq``); -1 is unbounded. Dropout draws its Philox seed/offset from ``rng_gen``
     (default: the device's CUDA generator), advancing it by 16 as TE does.
@@ -414,6 +511,13 @@ def fused_attn_fwd(
     Beyond TransformerEngine: keyword-only ``out`` and ``softmax_lse`` take preallocated,
     contiguous result tensors (for static buffers and CUDA graphs); they are written and
     returned instead of new tensors.
+
+    Zero-size calls (a batch, sequence or token count of 0, or a ``max_seqlen_*`` of 0) return
+    results of the right shapes without calling cuDNN: ``out`` zeros, fp32 stats ``-inf``; the
+    generator advances as usual (see :mod:`te_cudnn.empty`). A post-scale bias cuDNN cannot read
+    in place (rows not a multiple of 16 bytes, e.g. ``skv = 100`` in bf16, or an unaligned
+    start) is copied into an aligned buffer, the one copy on the fused path (logged at debug
+    level on the ``te_cudnn`` logger); aligned biases are read where they are.
 
     Raises:
         TypeError / ValueError: malformed input, naming the argument and its value.
@@ -431,7 +535,8 @@ def fused_attn_fwd(
         v.stride(), v.dtype, v.get_device(), is_training,
         qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
         softmax_type, tuple(window_size), bottom_right_diagonal,
-        None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.get_device()),
+        None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.get_device(),
+                                        attn_bias.data_ptr() & 15),  # an unaligned start is copied (bias_copy)
         # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
         # read them, so later calls only note whether they are given (two fewer C calls each).
         cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
@@ -444,7 +549,8 @@ def fused_attn_fwd(
             (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset, amax_o_offset)),
         )  # fmt: skip
         prep = _fwd_memo.get(sig)
-    except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
+    except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
+        # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
@@ -458,9 +564,14 @@ def fused_attn_fwd(
                    torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
         _execute(plan, buffers, prep.device, checked=True)
         return buffers[3], [buffers[4], prep.zero_rng]
-    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if attn_bias is None else attn_bias.data_ptr())
-            | (0 if out is None else out.data_ptr()) | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
-        _misaligned(q=q, k=k, v=v, attn_bias=attn_bias, out=out, softmax_lse=softmax_lse)
+    if prep.empty:
+        return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)))
+    if prep.varlen or page_table_k is not None:
+        _check_runtime_tensors(prep, q, (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
+                               () if page_table_k is None else (page_table_k, page_table_v))  # fmt: skip
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())
+            | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
+        _misaligned(q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
     plan = prep.get_plan()
     cfg = prep.cfg
     if out is not None:  # caller-provided results (checked when the signature was first seen)
@@ -490,7 +601,7 @@ def fused_attn_fwd(
     buffers = [q, k, v, out, stats]
     rng_state = _rng_state(prep, rng_gen)
     if attn_bias is not None:
-        buffers.append(attn_bias)
+        buffers.append(_aligned_bias(attn_bias, cfg) if cfg.bias_copy else attn_bias)
     if prep.rng_increment:
         buffers.extend(_seed_offset(rng_state))
     if prep.fp8:
@@ -509,6 +620,18 @@ def fused_attn_fwd(
     if attn_bias is not None:
         aux.append(attn_bias)
     return out, aux
+
+
+def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_slots) -> tuple[torch.Tensor, list]:
+    """A zero-size forward (see te_cudnn.empty): no cuDNN call, and the generator advances
+    as a non-empty call's would."""
+    cfg = prep.cfg
+    stats_shape = (q.shape[0], cfg.h, 1) if cfg.ragged_q and not prep.softmax_aux else prep.stats_shape
+    o, stats = empty_fwd(cfg, q, out, softmax_lse, stats_shape, prep.stats_template.dtype, amax_slots if prep.fp8 else ())
+    aux = [stats, _rng_state(prep, rng_gen)]
+    if attn_bias is not None:
+        aux.append(attn_bias)
+    return o, aux
 
 
 def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
@@ -539,7 +662,12 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     guess = forced is not None and forced != FusedAttnBackend.No_Backend and BY_ENUM[forced].caps.saves_softmax
     _check_result_buffer("softmax_lse", a["softmax_lse"], *stats_kind(guess), a["q"])  # before any GPU work
     env = _require_cuda(cfg, a["q"])
-    backend = select(cfg, env, forced, Direction.FWD)
+    if cfg.empty:  # no sub-backend runs, so none is asked (their size rules say nothing about nothing); the
+        # named one, or the dtype's default, says how far the generator advances and what aux[0] is
+        default = FusedAttnBackend.FP8 if cfg.dtype not in (torch.float16, torch.bfloat16) else FusedAttnBackend.F16_arbitrary_seqlen
+        backend = BY_ENUM[forced if forced not in (None, FusedAttnBackend.No_Backend) else default]
+    else:
+        backend = select(cfg, env, forced, Direction.FWD)
     stats_shape, stats_dtype = stats_kind(backend.caps.saves_softmax)
     _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, stats_dtype, a["q"])
     out_shape = (*a["q"].shape[:-1], cfg.d_v)
@@ -560,8 +688,14 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         **_mult_fields(cfg, a["q"].device),
     )
     prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
+    prep.empty = cfg.empty
+    prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     prep.plain = not (cfg.has_dropout or prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
-                      or prep.softmax_aux)  # fmt: skip
+                      or prep.softmax_aux or prep.empty)  # fmt: skip
+    if cfg.bias_copy:
+        _log.debug("attn_bias %s stride %s (data_ptr %% 16 = %d) cannot be read by cuDNN in place: each call copies it "
+                   "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a["attn_bias"].stride()),
+                   a["attn_bias"].data_ptr() % 16, cfg.bias_stride)  # fmt: skip
     prep.full_lens = _full_lens(cfg, prep)
     prep.zero_stats = prep.softmax_aux and cfg.mask.is_causal
     _remember(_fwd_memo, sig, prep)
@@ -638,6 +772,7 @@ def fused_attn_bwd(
         fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
         tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
         len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:3]),
+        aux_ctx_tensors[2].data_ptr() & 15 if len(aux_ctx_tensors) > 2 else None,  # an unaligned bias is copied
         cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
         None if all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
                                          q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)) else _fp8_sig(
@@ -647,10 +782,16 @@ def fused_attn_bwd(
              q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
     )  # fmt: skip
         prep = _bwd_memo.get(sig)
-    except (AttributeError, TypeError):  # not tensors, unhashable options: the slow path says what is wrong
+    except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
+        # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
     if prep is None:
         prep = _prepare_bwd(sig, locals())
+    if prep.empty:
+        return empty_bwd(prep.cfg, q, k, v, aux_ctx_tensors[2] if prep.cfg.has_dbias else None,
+                         ((amax_dp, amax_dp_offset), (amax_dqkv, amax_dqkv_offset)) if prep.fp8 else ())  # fmt: skip
+    if prep.varlen:
+        _check_runtime_tensors(prep, q, (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded))
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr() | d_o.data_ptr()) & 15:
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
@@ -663,8 +804,8 @@ def fused_attn_bwd(
     dbias = None
     if cfg.bias_type == AttnBiasType.post_scale_bias:
         bias = aux_ctx_tensors[2]
-        buffers.append(bias)
-        if cfg.has_dbias:
+        buffers.append(_aligned_bias(bias, cfg) if cfg.bias_copy else bias)
+        if cfg.has_dbias:  # cuDNN writes dBias contiguous (the builders declare it so)
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=prep.device)
             buffers.append(dbias)
     if cfg.has_dropout:
@@ -682,6 +823,8 @@ def fused_attn_bwd(
     _execute(plan, buffers, prep.device)
     if amax3 is not None:  # one META_DQKV slot holds the amax of dQ, dK and dV together
         torch.amax(amax3.view(3, 1), dim=0, out=amax_dqkv.narrow(0, amax_dqkv_offset, 1))
+    if dbias is not None and cfg.bias_copy and not aux_ctx_tensors[2].is_contiguous():
+        dbias = torch.empty_like(aux_ctx_tensors[2]).copy_(dbias)  # a copied bias' gradient in the caller's strides
     return [dq, dk, dv, dbias]
 
 
@@ -738,6 +881,11 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
                  "q_scale_dqkv", "amax_dp", "amax_dqkv")  # fmt: skip
     _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
     env = _require_cuda(cfg, a["q"])
+    if cfg.empty:  # nothing to differentiate: zeros, whichever sub-backend the forward's aux came from
+        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a["q"].device,  # type: ignore[arg-type]
+                         rng_increment=0, fp8=cfg.dtype not in (torch.float16, torch.bfloat16), empty=True)  # fmt: skip
+        _remember(_bwd_memo, sig, prep)
+        return prep
     backend = select(cfg, env, forced, Direction.BWD)
     prep = _Prepared(
         cfg=cfg,
@@ -752,6 +900,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         softmax_aux=backend.caps.saves_softmax,
         **_mult_fields(cfg, a["q"].device),
     )
+    prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     prep.full_lens = _full_lens(cfg, prep)
     _remember(_bwd_memo, sig, prep)
     return prep
@@ -769,8 +918,15 @@ class Explanation:
     config: AttnConfig
     env: RuntimeEnv
 
+    @property
+    def empty(self) -> bool:
+        """A zero-size configuration: the functions answer it without cuDNN (te_cudnn.empty)."""
+        return self.config.empty
+
     def __str__(self) -> str:
         lines = [f"{self.config.summary()}", f"on {self.env.describe()}", f"-> {self.backend.name}"]
+        if self.empty:
+            lines.append("   (an empty call: zero-size results without a cuDNN call; no graph is built)")
         for name, why in self.reasons.items():
             lines.append(f"  {name}: " + ("supported" if not why else "declined"))
             lines.extend(f"    - {r}" for r in why)
@@ -806,8 +962,14 @@ def explain(
     :func:`get_fused_attn_backend`). ``env`` defaults to the current GPU; without one, rules
     that depend on the GPU or cuDNN version are not checked (pass ``runtime.HOPPER_CUDNN_919``
     to check against the measured Hopper machine)."""
+    for name, value in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if not isinstance(value, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype, got {_value(value)}")
     if q_dtype != kv_dtype:
         raise TypeError(f"q_dtype={q_dtype} differs from kv_dtype={kv_dtype}")
+    for name, value in (("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {_value(value)}")
     cfg = describe_shapes(
         is_training=is_training, dtype=q_dtype, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type,
         attn_mask_type=attn_mask_type, softmax_type=softmax_type, dropout=dropout, num_attn_heads=num_attn_heads,

@@ -14,7 +14,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["RuntimeEnv", "current_env", "cudnn_module", "frontend_version", "cudnn_version_string", "torch_dtype_to_cudnn"]
+__all__ = [
+    "RuntimeEnv", "current_env", "cudnn_module", "frontend_version", "cudnn_version_string", "torch_dtype_to_cudnn",
+    "versions", "format_versions",
+]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,8 +60,13 @@ class RuntimeEnv:
         return self.sm is not None and self.cudnn_version is not None
 
     def describe(self) -> str:
-        sm = f"sm{self.sm}" if self.sm is not None else "no GPU"
-        return f"{self.device_name or sm} ({sm}), cuDNN {cudnn_version_string(self.cudnn_version)}, frontend {frontend_version()}"
+        """``"NVIDIA H100 80GB HBM3 (sm90), cuDNN 9.19.0, frontend 1.32.0"``; ``"no GPU, ..."``
+        when there is none."""
+        if self.sm is None:
+            gpu = self.device_name or "no GPU"
+        else:
+            gpu = f"{self.device_name} (sm{self.sm})" if self.device_name else f"sm{self.sm}"
+        return f"{gpu}, cuDNN {cudnn_version_string(self.cudnn_version)}, frontend {frontend_version()}"
 
 
 #: The machine te_cudnn is measured on (H100/H200 with cuDNN 9.19); used to describe and
@@ -94,3 +102,37 @@ def torch_dtype_to_cudnn(dtype: torch.dtype):
         if hasattr(torch, name):
             table[getattr(torch, name)] = getattr(dt, cu)
     return table[dtype]
+
+
+def versions() -> dict[str, str]:
+    """The versions a bug report needs, as strings: ``te_cudnn``, ``torch``, ``cuda`` (torch's
+    CUDA build, ``"none"`` for a CPU build), ``cudnn`` (the library the frontend binds),
+    ``frontend`` and ``gpu`` (name and compute capability of the current device, or
+    ``"no GPU"``). One place, so that ``te-cudnn --version``, the demo and the test header
+    agree."""
+    from . import __version__  # noqa: PLC0415 - the package imports this module while it initialises
+
+    env = current_env()
+    if env.sm is not None:
+        gpu = f"{env.device_name} (sm{env.sm})"
+    else:
+        gpu = "no GPU"
+    return {
+        "te_cudnn": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "cudnn": cudnn_version_string(env.cudnn_version),
+        "frontend": frontend_version(),
+        "gpu": gpu,
+    }
+
+
+def format_versions(v: Optional[dict[str, str]] = None) -> str:
+    """:func:`versions` on one line: ``te_cudnn 0.1.0, torch 2.11.0, CUDA 12.8, cuDNN 9.19.0,
+    frontend 1.32.0, GPU NVIDIA H100 80GB HBM3 (sm90)`` (``..., no GPU`` without one)."""
+    v = versions() if v is None else v
+    gpu = v["gpu"] if v["gpu"] == "no GPU" else f"GPU {v['gpu']}"
+    return (
+        f"te_cudnn {v['te_cudnn']}, torch {v['torch']}, CUDA {v['cuda']}, cuDNN {v['cudnn']}, "
+        f"frontend {v['frontend']}, {gpu}"
+    )

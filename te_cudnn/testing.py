@@ -70,8 +70,11 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """‖actual − expected‖ / ‖expected‖ in fp64 (NaN or Inf in ``actual`` gives inf)."""
-    a, e = actual.double(), expected.double()
+    """‖actual − expected‖ / ‖expected‖ in fp64 (NaN or Inf in ``actual`` gives inf).
+
+    Detached first: a reference output that requires grad would otherwise make ``float()``
+    warn about converting a tensor that requires grad to a scalar."""
+    a, e = actual.detach().double(), expected.detach().double()
     if not torch.isfinite(a).all():
         return float("inf")
     return float((a - e).norm() / e.norm().clamp_min(1e-30))
@@ -110,13 +113,19 @@ def make_qkv(
     generator: Optional[torch.Generator] = None,
     scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random q, k, v laid out as ``layout`` names them (views of one buffer where it packs)."""
+    """Random q, k, v laid out as ``layout`` names them (views of one buffer where it packs).
+
+    THD layouts (``t3hd`` ... ``thd_thd_thd``) give token-major ``[b * s, ...]`` tensors:
+    ``b`` sequences of ``s`` tokens each, back to back (``cu_seqlens = arange(0, (b + 1) * s, s)``).
+    Mixed-format and paged layouts are not made here."""
     d_v = d_qk if d_v is None else d_v
     info = layout_info(layout)
-    sb = info.q_format == QKVFormat.sbhd
+    if info.is_paged or info.q_format != info.kv_format or info.q_format == QKVFormat.bhsd:
+        raise ValueError(f"make_qkv makes sbhd, bshd and thd layouts, not {layout.name}")
+    sb, thd = info.q_format == QKVFormat.sbhd, info.q_format == QKVFormat.thd
 
     def rand(s: int, *rest: int) -> torch.Tensor:
-        shape: Sequence[int] = (s, b, *rest) if sb else (b, s, *rest)
+        shape: Sequence[int] = (b * s, *rest) if thd else (s, b, *rest) if sb else (b, s, *rest)
         return (torch.randn(*shape, generator=generator, dtype=torch.float32, device=device) * scale).to(dtype)
 
     g = info.group

@@ -10,8 +10,11 @@ from te_cudnn.backends.base import Direction
 from te_cudnn.config import AttnConfig, describe_shapes
 from te_cudnn.enums import FusedAttnBackend
 from te_cudnn.plans import PlanKey, make_key
+from te_cudnn.plans.store import PLAN_FORMAT_VERSION
 
-FACTS = {"gpu": "NVIDIA H100 80GB HBM3", "sm": 90, "sm_count": 132, "cudnn": 91900, "frontend": "1.32.0", "te_cudnn": "0.1.0"}
+#: Machine facts as ``te_cudnn.plans.cache._machine_facts`` gives them on an H100.
+FACTS = {"gpu": "NVIDIA H100 80GB HBM3", "sm": 90, "sm_count": 132, "cudnn": 91900, "frontend": "1.32.0",
+         "te_cudnn": "0.1.0", "plan_format": PLAN_FORMAT_VERSION}  # fmt: skip
 
 
 def sizes_config(**over: Any) -> AttnConfig:

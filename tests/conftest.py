@@ -6,8 +6,19 @@ are skipped cleanly elsewhere, with the reason in the summary.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+# The suites never touch the user's plan store: stale plans there would hide a change to the
+# graph builders, and tests would write into ~/.cache. Set at import, before te_cudnn creates
+# its store (pytest_configure drops any store made earlier); processes the tests start inherit
+# it, and those that pass their own TE_CUDNN_PLAN_STORE override it.
+_TEST_PLAN_STORE = tempfile.mkdtemp(prefix="te_cudnn-test-plans-")  # 0700
+os.environ["TE_CUDNN_PLAN_STORE"] = _TEST_PLAN_STORE
 
 
 def _cudnn_version() -> int | None:
@@ -22,15 +33,20 @@ def _cudnn_version() -> int | None:
 HAS_GPU = torch.cuda.is_available()
 
 
-def pytest_report_header(config):
-    import te_cudnn
-    from te_cudnn.runtime import current_env, frontend_version
+def pytest_configure(config):
+    from te_cudnn.plans import cache
 
-    env = current_env()
-    return [
-        f"te_cudnn {te_cudnn.__version__}, torch {torch.__version__}, cudnn-frontend {frontend_version()}",
-        f"runtime: {env.describe()}",
-    ]
+    cache._stores.clear()
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_TEST_PLAN_STORE, ignore_errors=True)
+
+
+def pytest_report_header(config):
+    from te_cudnn.runtime import current_env, format_versions
+
+    return [format_versions(), f"runtime: {current_env().describe()}", f"plan store (temporary): {_TEST_PLAN_STORE}"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,6 +15,9 @@ import torch
 
 import te_cudnn
 from te_cudnn import FusedAttnBackend, UnsupportedConfigError
+from te_cudnn.backends import BY_ENUM, Direction, select
+from te_cudnn.config import describe_fwd
+from te_cudnn.runtime import HOPPER_CUDNN_919
 
 BF16 = torch.bfloat16
 B, S, H, D = 2, 16, 4, 64
@@ -114,11 +117,14 @@ FWD_ERRORS = [
     ("v_dtype_differs", dict(v=_t(B, S, H, D, dtype=torch.float16)), TypeError,
      r"v\.dtype=torch\.float16 differs from q\.dtype=torch\.bfloat16"),
     ("qkv_dtype_mismatch", dict(qkv_dtype=torch.float16), TypeError,
-     r"qkv_dtype=torch\.float16 does not match q\.dtype=torch\.bfloat16"),
-    ("q_not_tensor", dict(q=[[0.0]]), TypeError, r"q must be a torch\.Tensor, got list"),
-    ("k_not_tensor", dict(k="k"), TypeError, r"k must be a torch\.Tensor, got str"),
-    ("q_3d", dict(q=_t(B, S, H * D)), ValueError, r"q must be 4-d in format bshd, got shape \[2, 16, 256\]"),
-    ("k_5d", dict(k=_t(B, S, 1, H, D)), ValueError, r"k must be 4-d in format bshd, got shape \[2, 16, 1, 4, 64\]"),
+     r"qkv_dtype=torch\.float16 does not match q\.dtype=torch\.bfloat16 \(pass q\.dtype or None\)"),
+    ("qkv_dtype_string", dict(qkv_dtype="bf16"), TypeError, r"qkv_dtype=str 'bf16' does not match q\.dtype=torch\.bfloat16"),
+    ("q_not_tensor", dict(q=[[0.0]]), TypeError, r"q must be a torch\.Tensor, got list \[\[0\.0\]\]"),
+    ("k_not_tensor", dict(k="k"), TypeError, r"k must be a torch\.Tensor, got str 'k'"),
+    ("q_3d", dict(q=_t(B, S, H * D)), ValueError,
+     r"q must be 4-d in format bshd, got shape \[2, 16, 256\] \(qkv_layout=bshd_bshd_bshd\)"),
+    ("k_5d", dict(k=_t(B, S, 1, H, D)), ValueError,
+     r"k must be 4-d in format bshd, got shape \[2, 16, 1, 4, 64\] \(qkv_layout=bshd_bshd_bshd\)"),
     ("batch_mismatch", dict(k=_t(3, S, H, D)), ValueError, r"batch sizes differ: q has b=2, k has b=3, v has b=2"),
     ("kv_heads_mismatch", dict(v=_t(B, S, 2, D)), ValueError, r"k has 4 heads x 16 keys but v has 2 heads x 16 keys"),
     ("kv_seqlen_mismatch", dict(v=_t(B, 8, H, D)), ValueError, r"k has 4 heads x 16 keys but v has 4 heads x 8 keys"),
@@ -129,7 +135,8 @@ FWD_ERRORS = [
      r"q must have a unit-stride last dimension, got shape \(2, 16, 4, 64\) stride \(8192, 512, 128, 2\)"),
     ("v_last_dim_strided", dict(v=_t(B, S, H, 2 * D)[..., ::2]), ValueError, r"v must have a unit-stride last dimension"),
     ("misaligned_strides", dict(q=misaligned), ValueError,
-     r"q has strides \(4352, 272, 68, 1\) \(2-byte elements\); cuDNN needs every non-unit stride to be a multiple of 16 bytes"),
+     r"q has shape \(2, 16, 4, 64\) and strides \(4352, 272, 68, 1\) \(2-byte elements\); cuDNN needs every stride but "
+     r"the last to be a multiple of 16 bytes \(stride 68 is 136 bytes\): pass q\.contiguous\(\)"),
     ("bad_layout_name", dict(qkv_layout="bshd_bshd"), ValueError,
      r"qkv_layout='bshd_bshd' is not a valid QKVLayout; expected one of 'sb3hd', 'sbh3d', .*'bshd_bshd_bshd'"),
     ("bad_layout_int", dict(qkv_layout=26), ValueError, r"qkv_layout=26 is not a valid QKVLayout value"),
@@ -139,18 +146,25 @@ FWD_ERRORS = [
      r"qkv_layout='bshd_bsh2d' but q, k, v are laid out as 'bshd_bshd_bshd'"),
     ("packed_qkv_shapes_differ", dict(qkv_layout="bsh3d", k=_t(B, S, 2, D), v=_t(B, S, 2, D)), ValueError,
      r"qkv_layout=bsh3d packs q, k and v in one buffer, so they need one shape"),
-    ("max_seqlen_q", dict(max_seqlen_q=32), ValueError, r"max_seqlen_q=32 but q holds 16 positions"),
+    ("max_seqlen_q", dict(max_seqlen_q=32), ValueError,
+     r"max_seqlen_q=32 but q holds 16 positions \(qkv_layout=bshd_bshd_bshd\)"),
     ("max_seqlen_kv", dict(max_seqlen_kv=8), ValueError, r"max_seqlen_kv=8 but k holds 16 positions"),
-    ("max_seqlen_q_float", dict(max_seqlen_q=16.0), TypeError, r"max_seqlen_q must be an int, got float"),
+    ("max_seqlen_q_float", dict(max_seqlen_q=16.0), TypeError, r"max_seqlen_q must be an int, got float 16\.0"),
+    ("max_seqlen_kv_tensor", dict(max_seqlen_kv=torch.tensor(16)), TypeError,
+     r"max_seqlen_kv must be an int, got a int64 tensor of shape \[\] on cpu"),
     ("cu_seqlens_q_dtype", dict(cu_seqlens_q=torch.zeros(B + 1, dtype=torch.int64)), TypeError,
-     r"cu_seqlens_q must be int32, got torch\.int64"),
+     r"cu_seqlens_q must be int32, got torch\.int64 \(an int32 \[b\+1\] = \[3\] tensor on q's device\)"),
+    ("cu_seqlens_kv_list", dict(cu_seqlens_kv=[0, 16, 32]), TypeError,
+     r"cu_seqlens_kv must be a torch\.Tensor, got list \[0, 16, 32\]"),
+    ("cu_seqlens_q_device", dict(cu_seqlens_q=torch.zeros(B + 1, dtype=torch.int32, device="meta")), ValueError,
+     r"cu_seqlens_q is on meta but q is on cpu; all tensors must share one device"),
     ("cu_seqlens_kv_length", dict(cu_seqlens_kv=torch.zeros(B, dtype=torch.int32)), ValueError,
      r"cu_seqlens_kv must have shape \[b\+1\] = \[3\], got \[2\]"),
     ("cu_seqlens_missing_padding", dict(attn_mask_type="padding"), ValueError,
-     r"cu_seqlens_q is required for padding masks \(int32 \[b\+1\] = \[3\]\)"),
+     r"cu_seqlens_q is required for attn_mask_type=padding \(int32 \[b\+1\] = \[3\]\)"),
     ("cu_seqlens_kv_missing_padding_causal",
      dict(attn_mask_type="padding_causal", cu_seqlens_q=torch.zeros(B + 1, dtype=torch.int32)), ValueError,
-     r"cu_seqlens_kv is required for padding masks"),
+     r"cu_seqlens_kv is required for attn_mask_type=padding_causal"),
     ("bad_mask_name", dict(attn_mask_type="causal_top_left"), ValueError,
      r"attn_mask_type='causal_top_left' is not a valid AttnMaskType"),
     ("bad_bias_type", dict(attn_bias_type="post_bias"), ValueError, r"attn_bias_type='post_bias' is not a valid AttnBiasType"),
@@ -182,13 +196,14 @@ FWD_ERRORS = [
     ("window_below_minus_one", dict(window_size=(-2, 0)), ValueError,
      r"window_size=\(-2, 0\) entries must be >= -1"),
     ("window_three_entries", dict(window_size=(1, 2, 3)), ValueError,
-     r"window_size must be a \(left, right\) pair, got \(1, 2, 3\)"),
-    ("window_float_entry", dict(window_size=(1.5, 0)), TypeError, r"window_size must be an int, got float"),
+     r"window_size must be a \(left, right\) pair of ints, got tuple \(1, 2, 3\)"),
+    ("window_float_entry", dict(window_size=(1.5, 0)), TypeError,
+     r"window_size must hold two ints \(-1 means unbounded\), got \(float 1\.5, int 0\)"),
     ("causal_window_right", dict(attn_mask_type="causal", window_size=(4, 2)), ValueError,
      r"window_size=\(4, 2\) has right=2 but attn_mask_type=causal allows no keys right of the diagonal"),
     ("causal_br_window_right", dict(attn_mask_type="causal_bottom_right", window_size=(-1, 1)), ValueError,
      r"window_size=\(-1, 1\) has right=1 but attn_mask_type=causal_bottom_right"),
-    ("is_training_int", dict(is_training=1), TypeError, r"is_training must be a bool, got int"),
+    ("is_training_int", dict(is_training=1), TypeError, r"is_training must be a bool, got int 1"),
     ("is_training_none", dict(is_training=None), TypeError, r"is_training must be a bool, got NoneType"),
     ("bottom_right_diagonal_int", dict(bottom_right_diagonal=1), TypeError,
      r"bottom_right_diagonal must be a bool or None, got int"),
@@ -205,6 +220,21 @@ def test_fwd_malformed_input(over: dict, exc: type[Exception], match: str) -> No
     with pytest.raises(exc, match=match) as ei:
         fwd(**over)
     assert type(ei.value) is exc  # the plain built-in, not a subclass such as UnsupportedConfigError
+
+
+def test_fwd_without_is_training_says_so() -> None:
+    """Leaving out is_training moves every positional argument up by one: v receives the dtype.
+    The message says what v got and the probable cause."""
+    q, k, v = _qkv().values()
+    with pytest.raises(TypeError) as ei:
+        te_cudnn.fused_attn_fwd(S, S, None, None, q, k, v, BF16, None, **KW)
+    msg = str(ei.value)
+    assert msg.startswith("v must be a torch.Tensor, got the dtype torch.bfloat16 (and is_training=int 16): "
+                          "is is_training missing?"), msg  # fmt: skip
+    assert "(is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, qkv_dtype, ...)" in msg
+    # a dtype in v's place with is_training given is reported plainly
+    with pytest.raises(TypeError, match=r"^v must be a torch\.Tensor, got dtype torch\.bfloat16$"):
+        fwd(v=BF16)
 
 
 def test_fwd_window_not_a_pair() -> None:
@@ -233,13 +263,69 @@ def _thd_tensors() -> dict[str, torch.Tensor]:
     return dict(q=_t(t, H, D), k=_t(t, H, D), v=_t(t, H, D))
 
 
-def _check_all_backends_named(err: UnsupportedConfigError) -> None:
+def _check_all_backends_named(err: UnsupportedConfigError, fragment: str, dtype: torch.dtype = BF16) -> None:
+    """A valid configuration nothing serves: every sub-backend is listed with its reasons, and
+    each one that takes ``dtype`` gives ``fragment`` (the root cause) among them."""
     msg = str(err)
     assert isinstance(err, NotImplementedError)
     assert set(err.reasons) == {FusedAttnBackend.F16_arbitrary_seqlen, FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8}
-    for name in ("F16_arbitrary_seqlen", "F16_max512_seqlen", "FP8"):
-        assert re.search(rf"^  {name} declined because:$", msg, re.M), msg
-    assert "issue #3" in msg
+    for backend, why in err.reasons.items():
+        assert re.search(rf"^  {backend.name} declined because:$", msg, re.M), msg
+        if dtype in BY_ENUM[backend].caps.dtypes:
+            assert any(fragment in r for r in why), (backend.name, why)
+
+
+def _describe_select(**over: Any):
+    """What fused_attn_fwd does before it needs a GPU: describe the call, then select a
+    sub-backend for the measured Hopper machine (on the CPU, fused_attn_fwd itself stops at
+    the device check first)."""
+    a: dict[str, Any] = dict(is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None,
+                             **_qkv(), qkv_dtype=None, attn_bias=None, attn_scale=None, dropout=0.0,
+                             qkv_layout="bshd_bshd_bshd", attn_bias_type="no_bias", attn_mask_type="causal",
+                             softmax_type="vanilla", window_size=(-1, -1), bottom_right_diagonal=None)  # fmt: skip
+    a.update(over)
+    return select(describe_fwd(**a), HOPPER_CUDNN_919, None, Direction.FWD)
+
+
+@pytest.mark.parametrize(("d_qk", "d_v", "dtype", "fragment"), [
+    (7, 7, BF16, "head dims d_qk=7, d_v=7 must be multiples of 8"),
+    (60, 60, torch.float16, "head dims d_qk=60, d_v=60 must be multiples of 8"),
+    (64, 12, BF16, "head dims d_qk=64, d_v=12 must be multiples of 8"),
+    (8, 8, torch.float8_e4m3fn, "head dims d_qk=8, d_v=8 must be multiples of 16"),  # 1-byte elements: 16 per row
+])  # fmt: skip
+def test_head_dim_cudnn_cannot_take_is_reported_as_the_head_dim(d_qk, d_v, dtype, fragment) -> None:
+    """Rows that are not 16 bytes (d = 7 in bf16) make every stride unaligned, but the cause is
+    the head dim: a valid configuration no sub-backend serves (UnsupportedConfigError naming
+    the head dims, as explain() says), not a stride ValueError."""
+    q, k, v = _t(B, S, H, d_qk, dtype=dtype), _t(B, S, H, d_qk, dtype=dtype), _t(B, S, H, d_v, dtype=dtype)
+    with pytest.raises(UnsupportedConfigError) as ei:
+        _describe_select(q=q, k=k, v=v)
+    _check_all_backends_named(ei.value, fragment, dtype)
+    assert "stride" not in str(ei.value)
+    # on the CPU the public function gets as far as the device check: no stride error first
+    fp8_meta = {n: torch.ones(16) for n in ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")}
+    with pytest.raises(ValueError, match=NEEDS_CUDA):
+        fwd(q=q, k=k, v=v, qkv_dtype=dtype, **(fp8_meta if dtype.itemsize == 1 else {}))
+    # explain / get_fused_attn_backend say the same from sizes alone
+    ex = te_cudnn.explain(True, dtype, dtype, "bshd_bshd_bshd", "no_bias", "causal", "vanilla", 0.0, H, H, S, S, d_qk, d_v,
+                          env=HOPPER_CUDNN_919)  # fmt: skip
+    assert ex.backend is FusedAttnBackend.No_Backend
+    assert any(fragment in r for r in ex.reasons["FP8" if dtype.itemsize == 1 else "F16_arbitrary_seqlen"]), ex.reasons
+
+
+def test_unaligned_strides_of_an_aligned_head_dim_are_still_a_stride_error() -> None:
+    """The head-dim rule does not hide real stride problems: d = 64 in a buffer padded to 68."""
+    with pytest.raises(ValueError, match=r"q has shape \(2, 16, 4, 64\) and strides \(4352, 272, 68, 1\)"):
+        _describe_select(q=misaligned)
+    with pytest.raises(ValueError, match=r"o has shape .* and strides .*: pass o\.contiguous\(\)"):
+        bwd(o=_t(B, S, H, D + 4)[..., :D])
+
+
+def test_unserved_configuration_lists_every_sub_backend() -> None:
+    """pre_scale_bias is valid input no sub-backend fuses: UnsupportedConfigError, not ValueError."""
+    with pytest.raises(UnsupportedConfigError) as ei:
+        _describe_select(attn_bias_type="pre_scale_bias", attn_bias=_t(1, H, S, S))
+    _check_all_backends_named(ei.value, "attn_bias_type=pre_scale_bias")
 
 
 def test_fwd_thd_layout_needs_cuda_after_validation() -> None:

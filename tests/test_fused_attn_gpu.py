@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 import torch
@@ -142,60 +143,7 @@ def test_head_dims(d_qk, d_v):
 
 
 # ------------------------------------------------------------------ dropout
-def _dropout_probe(p, gen_seed, b=2, h=4, s=64):
-    """With q = 0 every key gets weight 1/s; with v = I the output reveals the keep mask."""
-    q = torch.zeros(b, s, h, 64, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, s, h, 64, device="cuda", dtype=torch.bfloat16)
-    eye = torch.eye(s, 64, device="cuda", dtype=torch.bfloat16)
-    v = eye.view(1, s, 1, 64).expand(b, s, h, 64).contiguous()
-    gen = torch.Generator(device="cuda").manual_seed(gen_seed)
-    out, aux = tc.fused_attn_fwd(True, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, dropout=p,
-                                 qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask", rng_gen=gen)  # fmt: skip
-    keep = to_bhsd(out, QKVLayout.bshd_bshd_bshd) > 0  # [b, h, i, j]: key j kept for query i
-    return out, aux, keep, gen
-
-
-def test_dropout_keep_rate_and_scale():
-    p = 0.2
-    out, aux, keep, gen = _dropout_probe(p, 123)
-    rate = keep.float().mean().item()
-    n = keep.numel()
-    assert abs(rate - (1 - p)) < 5 * ((p * (1 - p) / n) ** 0.5), f"keep rate {rate} for dropout {p}"
-    kept = to_bhsd(out, QKVLayout.bshd_bshd_bshd)[keep].float()
-    torch.testing.assert_close(kept, torch.full_like(kept, 1 / ((1 - p) * 64)), rtol=1e-2, atol=0)
-    seed, offset = aux[1].tolist()
-    assert offset == 0 and seed == 123
-    assert gen.get_offset() == 16, "the generator advances by 16 per call, as TransformerEngine does"
-
-
-def test_dropout_reproducible_and_backward_replays_mask():
-    p = 0.25
-    _, aux1, keep1, _ = _dropout_probe(p, 7)
-    _, aux2, keep2, _ = _dropout_probe(p, 7)
-    _, _, keep3, _ = _dropout_probe(p, 8)
-    assert torch.equal(aux1[1], aux2[1]) and torch.equal(keep1, keep2), "same rng_state must give the same mask"
-    assert not torch.equal(keep1, keep3), "a different seed must give a different mask"
-
-    # Random data with the same Philox state: O and all gradients match the reference that
-    # applies the recovered mask, so the backward replays the forward's mask.
-    b, h, s = 2, 4, 64
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(b, s, h, 64, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask", dropout=p)
-    out, aux = tc.fused_attn_fwd(True, s, s, _cu(b, s), _cu(b, s), q, k, v, q.dtype, None, rng_gen=gen, **kw)
-    d_o = torch.randn(out.shape, generator=g, device="cuda").to(torch.bfloat16)
-    dq, dk, dv, _ = tc.fused_attn_bwd(s, s, _cu(b, s), _cu(b, s), q, k, v, out, d_o, q.dtype, aux, None, **kw)
-    layout = QKVLayout.bshd_bshd_bshd
-    results = {}
-    for compute in (torch.float32, torch.bfloat16):
-        leaves = [to_bhsd(t, layout).to(compute).requires_grad_() for t in (q, k, v)]
-        ref = attention_reference(*leaves, dropout_p=p, dropout_keep_mask=keep1, compute_dtype=compute)
-        results[compute] = (ref.out, torch.autograd.grad(ref.out, leaves, to_bhsd(d_o, layout).to(compute)))
-    (o32, g32), (olp, glp) = results[torch.float32], results[torch.bfloat16]
-    check_close("O (dropout)", to_bhsd(out, layout), o32, olp, torch.bfloat16)
-    for name, got, want, lp in zip(("dQ", "dK", "dV"), (dq, dk, dv), g32, glp):
-        check_close(f"{name} (dropout)", to_bhsd(got, layout), want, lp, torch.bfloat16)
+# Dropout statistics, mask replay in the backward, seeds and the generator: tests/test_dropout_gpu.py
 
 
 # ------------------------------------------------------------------ determinism, cache, streams
@@ -245,28 +193,56 @@ def test_inference_and_training_forward_agree():
     assert torch.equal(o_train, o_inf) and torch.equal(aux[0], aux_inf[0])
 
 
+def _sleep_cycles(ms: float) -> int:
+    """GPU clock cycles of ``torch.cuda._sleep`` that last about ``ms`` milliseconds (measured)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)  # load the kernel
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return int(ms * 10_000_000 / start.elapsed_time(end))
+
+
 def test_runs_on_the_callers_stream_and_threads():
+    """On a side stream: a 200 ms GPU sleep, then a write of new q values, then the call; only
+    that stream is synchronised before the check. A call that ran on any other stream would
+    read q before the write (the old values) and differ from the result on the new values; a
+    call that waited for the GPU would keep the host busy for the sleep. The same holds in 4
+    threads at once, each with its own stream and buffer."""
     b, h, s = 2, 4, 256
-    q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
+    q_old, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, b, h, h, s, s, 64)
+    q_new = torch.randn_like(q_old)
     cu = _cu(b, s)
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
-    expected, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        q2 = q * 1  # produced on the side stream right before the call
-        got, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q2, k, v, q.dtype, None, **kw)
-    torch.cuda.current_stream().wait_stream(side)
-    assert torch.equal(got, expected)
+    expected, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q_new, k, v, q_new.dtype, None, **kw)
+    stale, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q_old, k, v, q_old.dtype, None, **kw)
+    sleep_ms, cycles = 200, _sleep_cycles(200)
+    buffers = [q_old.clone() for _ in range(5)]
+    torch.cuda.synchronize()
+    assert not torch.equal(stale, expected)
+
+    def on_side_stream(buf: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            t0 = time.perf_counter()
+            torch.cuda._sleep(cycles)
+            buf.copy_(q_new)  # ordered after the sleep on this stream only
+            got, _ = tc.fused_attn_fwd(False, s, s, cu, cu, buf, k, v, buf.dtype, None, **kw)
+            host_ms = (time.perf_counter() - t0) * 1e3
+        busy = not side.query()
+        side.synchronize()  # this stream only
+        return got, host_ms, busy
+
+    got, host_ms, busy = on_side_stream(buffers[0])
+    assert torch.equal(got, expected), "the call did not run in the current stream's order: it read q before the write"
+    assert busy and host_ms < sleep_ms / 2, f"queuing the call took {host_ms:.1f} ms behind a {sleep_ms} ms sleep"
 
     results, errors = {}, []
 
     def worker(i):
         try:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                o, _ = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-                torch.cuda.current_stream().synchronize()
-                results[i] = o
+            results[i] = on_side_stream(buffers[1 + i])
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -276,7 +252,9 @@ def test_runs_on_the_callers_stream_and_threads():
     for t in threads:
         t.join()
     assert not errors, errors
-    assert all(torch.equal(o, expected) for o in results.values()) and len(results) == 4
+    assert len(results) == 4
+    for i, (o, _, _) in results.items():
+        assert torch.equal(o, expected), f"thread {i}: the call did not run in its stream's order"
 
 
 def test_cuda_graph_capture_replays():
@@ -394,6 +372,7 @@ def test_launch_modes_agree(case):
         grads = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, backend, **kw)
         return [out, *[g for g in grads if g is not None]]
 
+    tc.plan_cache.clear()  # only this case's plans: other tests leave plans of the same layout and mask
     first = run()
     used = [p for p in tc.plan_cache.plans() if p.key.config.layout == layout and p.key.config.mask.name == case["mask"]]
     modes = {p.launch.mode for p in used}

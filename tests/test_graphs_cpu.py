@@ -2,8 +2,9 @@
 declares it serves; no GPU is needed for this (frontend 1.32 validates in Python).
 
 Cases come from the sub-backend's declaration: every declared layout (dense, THD and mixed
-q/kv formats) x mask x bias type x {MHA, GQA}, forward and backward. Combinations the
-declaration rejects are checked to be rejected with a reason instead.
+q/kv formats) x mask x bias type x {MHA, GQA}, forward and backward. A test-side list of the
+documented cross-rules splits them: combinations it serves must build and validate, the others
+must decline with exactly the documented reasons; no case passes without checking either.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import itertools
 import pytest
 import torch
 
-from te_cudnn.backends import REGISTRY, Direction, Uid
+from te_cudnn import FusedAttnBackend, UnsupportedConfigError
+from te_cudnn.backends import REGISTRY, Direction, Uid, select
 from te_cudnn.backends.f16_arbitrary import F16ArbitrarySeqlen
 from te_cudnn.config import describe_fwd, describe_shapes
 from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout
-from te_cudnn.layouts import CORE_LAYOUTS, layout_info
+from te_cudnn.layouts import CORE_LAYOUTS, get_qkv_layout, layout_info
 from te_cudnn.runtime import HOPPER_CUDNN_919
 
 BACKEND = REGISTRY[0]
@@ -86,27 +88,54 @@ def _expected_uids(cfg, direction: Direction) -> set[int]:
     return expected
 
 
+def _documented_reasons(layout, mask, bias, gqa, cross) -> list[str]:
+    """The reasons the F16 arbitrary sub-backend must give for a generated case (sm90, cuDNN
+    9.19, d = 64, sq = skv = 128 or, with ``cross``, sq = 64 < skv, training, no dropout or
+    window), written out from its documented cross-rules, independently of its code, in the
+    order it reports them."""
+    info = layout_info(layout)
+    why = []
+    if QKVFormat.thd in (info.q_format, info.kv_format) and not mask.is_padding:
+        why.append(f"qkv_layout={layout.name} (THD) needs a padding mask (padding, padding_causal or "
+                   f"padding_causal_bottom_right), got attn_mask_type={mask.name}")  # fmt: skip
+    if mask.is_padding and bias == AttnBiasType.post_scale_bias:
+        why.append(f"attn_mask_type={mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
+    if bias == AttnBiasType.alibi and (not mask.is_causal or mask.is_padding):
+        why.append(f"alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; "
+                   f"TransformerEngine does not fuse it with padding), got {mask.name}")  # fmt: skip
+    # bottom-right alignment is demoted to top-left when sq == skv without a padding mask
+    if mask.is_bottom_right and (cross or mask.is_padding) and bias != AttnBiasType.no_bias:
+        where = mask.name + ("" if mask.is_padding else " with sq != skv")
+        why.append(f"{where} cannot take attn_bias_type={bias.name}")
+    return why
+
+
+SERVED = [p for p in _cases() if not _documented_reasons(*p.values)]
+DECLINED = [p for p in _cases() if _documented_reasons(*p.values)]
+
+
 def test_cases_cover_thd_and_mixed_layouts():
     ids = {p.id for p in _cases()}
     assert LAYOUTS >= {QKVLayout.t3hd, QKVLayout.thd_thd_thd, QKVLayout.thd_sbhd_sbhd, QKVLayout.sbhd_bshd_bshd}
     assert {"t3hd-padding_causal-no_bias-mha", "thd_t2hd-padding_causal_bottom_right-no_bias-gqa",
             "thd_bshd_bshd-padding-no_bias-gqa", "bshd_sbhd_sbhd-causal-post_scale_bias-mha"} <= ids  # fmt: skip
     assert len(ids) == (19 * 2 - 6) * 6 * 3  # 6 layouts pack q with k/v: MHA only
+    # every case is either built and validated or checked to decline with its exact reasons
+    assert len(SERVED) == 224 and len(DECLINED) == 352
+    served = {p.id for p in SERVED}
+    assert {"t3hd-padding_causal-no_bias-mha", "bshd_sbhd_sbhd-causal-post_scale_bias-mha",
+            "sb3hd-causal_bottom_right-alibi-mha", "thd_bshd_bshd-padding_causal_bottom_right-no_bias-gqa"} <= served  # fmt: skip
+    assert any(layout_info(p.values[0]).q_format == QKVFormat.thd for p in SERVED)
 
 
-@pytest.mark.parametrize("layout,mask,bias,gqa,cross", list(_cases()))
+@pytest.mark.parametrize("layout,mask,bias,gqa,cross", SERVED)
 def test_declared_graphs_validate(layout, mask, bias, gqa, cross):
+    """Every combination the declaration serves builds, and the real frontend validates it."""
     cfg = _config(layout, mask, bias, gqa, cross)
     info = layout_info(layout)
     assert (cfg.ragged_q, cfg.ragged_kv) == (info.q_format == QKVFormat.thd, info.kv_format == QKVFormat.thd)
-    reasons = BACKEND.not_supported_reasons(cfg, HOPPER_CUDNN_919, Direction.BWD)
-    if reasons:
-        # Declined combinations say why, and the reason names the rule.
-        assert any(word in " ".join(reasons) for word in ("alibi", "causal_bottom_right", "bias", "padding mask")), reasons
-        if cfg.is_ragged and not mask.is_padding:
-            assert any("(THD) needs a padding mask" in r for r in reasons), reasons
-        return
     for direction in Direction:
+        assert BACKEND.not_supported_reasons(cfg, HOPPER_CUDNN_919, direction) == []
         spec = BACKEND.build(cfg, direction)
         spec.graph.validate()  # the frontend's own checks (shapes, strides, mask rules, ragged offsets)
         assert spec.direction == direction
@@ -115,6 +144,19 @@ def test_declared_graphs_validate(layout, mask, bias, gqa, cross):
         # runtime tensors (seq lens, ragged offsets) are bound last, in runtime_uids order
         runtime = BACKEND.runtime_uids(cfg)
         assert list(spec.uids[len(spec.uids) - len(runtime):]) == runtime
+
+
+@pytest.mark.parametrize("layout,mask,bias,gqa,cross", DECLINED)
+def test_declared_combinations_decline_with_their_reasons(layout, mask, bias, gqa, cross):
+    """Every combination the declaration does not serve declines with exactly the documented
+    reasons (forward and backward), and selection raises rather than building a graph."""
+    cfg = _config(layout, mask, bias, gqa, cross)
+    expected = _documented_reasons(layout, mask, bias, gqa, cross)
+    for direction in Direction:
+        assert BACKEND.not_supported_reasons(cfg, HOPPER_CUDNN_919, direction) == expected
+    with pytest.raises(UnsupportedConfigError) as ei:
+        select(cfg, HOPPER_CUDNN_919, FusedAttnBackend.F16_arbitrary_seqlen)
+    assert ei.value.reasons[FusedAttnBackend.F16_arbitrary_seqlen] == expected
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 128, 128), (1, 1, 128, 128), (2, 1, 128, 128), (2, 8, 128, 128)], ids=["1hss", "11ss", "b1ss", "bhss"])
@@ -185,15 +227,83 @@ def test_ragged_dropout_window_and_determinism_validate(layout):
     BACKEND.build(det.for_backward(det.o_stride, deterministic=True), Direction.BWD).graph.validate()
 
 
-def test_graph_tensors_carry_caller_strides():
-    """q/k/v reach cuDNN with the packed buffer's strides: no copies, no transposes."""
-    from te_cudnn.layouts import layout_strides
+# BHSD strides (elements) of q, k, v for b=2, s=128, h=hg=8, d=64, worked out by hand from how
+# each layout packs its buffer (independently of te_cudnn.layouts). THD sides are [t, h, d]
+# token-major with t = b*s; their graph batch stride is the placeholder bucket(s) x token stride.
+PB, PS, PH, PD = 2, 128, 8, 64
+PACKED = {
+    # [s, b, h, 3, d]: s-stride b*h*3*d = 3072, b-stride h*3*d = 1536, h-stride 3*d = 192
+    QKVLayout.sbh3d: ("sbhd", ((1536, 192, 3072, 1),) * 3),
+    # [s, b, 3, h, d]: s 3072, b 1536, h d = 64
+    QKVLayout.sb3hd: ("sbhd", ((1536, 64, 3072, 1),) * 3),
+    # [b, s, 3, h, d]: b s*3*h*d = 196608, s 3*h*d = 1536, h 64
+    QKVLayout.bs3hd: ("bshd", ((196608, 64, 1536, 1),) * 3),
+    # [b, s, h, 3, d]: b 196608, s 1536, h 192
+    QKVLayout.bsh3d: ("bshd", ((196608, 192, 1536, 1),) * 3),
+    # q [s, b, h, d]: s 1024, b 512, h 64; k/v [s, b, 2, h, d]: s 2048, b 1024, h 64
+    QKVLayout.sbhd_sb2hd: ("sbhd", ((512, 64, 1024, 1), (1024, 64, 2048, 1), (1024, 64, 2048, 1))),
+    # q [b, s, h, d]: b 65536, s 512, h 64; k/v [b, s, h, 2, d]: b 131072, s 1024, h 128
+    QKVLayout.bshd_bsh2d: ("bshd", ((65536, 64, 512, 1), (131072, 128, 1024, 1), (131072, 128, 1024, 1))),
+    # [t, 3, h, d]: token 3*h*d = 1536, h 64; batch placeholder 128 x 1536
+    QKVLayout.t3hd: ("thd", ((196608, 64, 1536, 1),) * 3),
+    # q [t, h, d]: token 512, h 64; k/v [t, h, 2, d]: token 1024, h 128
+    QKVLayout.thd_th2d: ("thd", ((65536, 64, 512, 1), (131072, 128, 1024, 1), (131072, 128, 1024, 1))),
+}  # fmt: skip
 
-    cfg = _config(QKVLayout.sbh3d, AttnMaskType.causal, AttnBiasType.no_bias, False, False)
-    spec = BACKEND.build_fwd(cfg)
-    spec.graph.validate()
-    dump = str(spec.graph)
-    expected = layout_strides(QKVLayout.sbh3d, 2, 8, 8, 128, 128, 64, 64)
-    for name in ("q", "k", "v"):
-        assert tuple(cfg.__getattribute__(f"{name}_stride")) == expected[name]
-    assert str(list(expected["q"])).replace(" ", "") in dump.replace(" ", "").replace("\n", "")
+
+def _packed_views(layout: QKVLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as views of the buffers the layout names, built with plain torch."""
+    lead = {"sb": (PS, PB), "bs": (PB, PS), "t": (PB * PS,)}[layout.name[:2] if layout.name[0] != "t" else "t"]
+    empty = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16)  # noqa: E731
+    name = layout.name
+    if "3hd" in name:
+        return empty(*lead, 3, PH, PD).unbind(-3)
+    if "h3d" in name:
+        return empty(*lead, PH, 3, PD).unbind(-2)
+    q = empty(*lead, PH, PD)
+    if "2hd" in name:
+        return (q, *empty(*lead, 2, PH, PD).unbind(-3))
+    return (q, *empty(*lead, PH, 2, PD).unbind(-2))
+
+
+def _bhsd_strides(fmt: str, t: torch.Tensor) -> tuple[int, ...]:
+    """A tensor's strides in logical [b, h, s, d] order, read off the tensor itself."""
+    st = t.stride()
+    if fmt == "sbhd":
+        return (st[1], st[2], st[0], st[3])
+    if fmt == "bshd":
+        return (st[0], st[2], st[1], st[3])
+    return (PS * st[0], st[1], st[0], st[2])  # thd: [t, h, d], batch stride = bucketed max_seqlen x token
+
+
+@pytest.mark.parametrize("layout", list(PACKED), ids=lambda layout: layout.name)
+def test_packed_layouts_reach_the_graph_with_the_buffers_strides(layout):
+    """q/k/v of packed layouts reach cuDNN with the packed buffer's own strides (no copies, no
+    transposes), and the sizes-only description (TE's stride table, used by explain and plan
+    warm-up) predicts the same strides: both checked against hand-computed values and the
+    actual tensors' strides, in the forward and backward graphs (packed gradients too)."""
+    fmt, expected = PACKED[layout]
+    q, k, v = _packed_views(layout)
+    assert tuple(_bhsd_strides(fmt, t) for t in (q, k, v)) == expected  # the table above matches real buffers
+    assert get_qkv_layout(q, k, v, fmt) == layout.name
+    thd = fmt == "thd"
+    mask = AttnMaskType.padding_causal if thd else AttnMaskType.causal
+    cu = torch.arange(PB + 1, dtype=torch.int32) * PS if thd else None
+    from_tensors = describe_fwd(is_training=True, max_seqlen_q=PS, max_seqlen_kv=PS, cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                q=q, k=k, v=v, qkv_dtype=torch.bfloat16, attn_bias=None, attn_scale=None, dropout=0.0,
+                                qkv_layout=layout, attn_bias_type="no_bias", attn_mask_type=mask,
+                                softmax_type="vanilla", window_size=(-1, -1), bottom_right_diagonal=None)  # fmt: skip
+    from_sizes = describe_shapes(is_training=True, dtype=torch.bfloat16, qkv_layout=layout, attn_bias_type="no_bias",
+                                 attn_mask_type=mask, softmax_type="vanilla", dropout=0.0, num_attn_heads=PH,
+                                 num_gqa_groups=PH, max_seqlen_q=PS, max_seqlen_kv=PS, head_dim_qk=PD, head_dim_v=PD,
+                                 window_size=(-1, -1), batch_size=PB)  # fmt: skip
+    for cfg in (from_tensors, from_sizes):
+        assert (cfg.q_stride, cfg.k_stride, cfg.v_stride) == expected
+        assert cfg.grad_strides == expected  # dq/dk/dv are views of one packed buffer, as TE returns them
+    for direction in Direction:
+        spec = BACKEND.build(from_tensors, direction)
+        spec.graph.validate()
+        declared = {t.uid: tuple(t.stride) for t in spec.graph._tensors.values()}
+        assert (declared[Uid.Q], declared[Uid.K], declared[Uid.V]) == expected
+        if direction == Direction.BWD:
+            assert (declared[Uid.DQ], declared[Uid.DK], declared[Uid.DV]) == expected

@@ -268,3 +268,88 @@ def test_get_qkv_layout_rejects_bad_format() -> None:
         get_qkv_layout(t, t, t, "bshd_2sbhd")
     with pytest.raises(ValueError, match=r"qkv_format='hbsd' is not a valid QKVFormat"):
         get_qkv_layout(t, t, t, "hbsd")
+
+
+# ----------------------------------------------------------------------------- get_qkv_layout: the format argument
+def _bshd(b: int, s: int, h: int, d: int) -> torch.Tensor:
+    return torch.empty(b, s, h, d, dtype=torch.bfloat16)
+
+
+def test_get_qkv_layout_default_format_is_sbhd() -> None:
+    """As in TransformerEngine the format defaults to 'sbhd': a shape cannot tell [s, b, ...]
+    from [b, s, ...], so self-attention tensors get the name of the format asked for."""
+    q, k, v = _bshd(2, 16, 4, 64), _bshd(2, 16, 4, 64), _bshd(2, 16, 4, 64)
+    assert get_qkv_layout(q, k, v) == "sbhd_sbhd_sbhd"
+    assert get_qkv_layout(q, k, v, "bshd") == "bshd_bshd_bshd"
+
+
+def test_get_qkv_layout_rejects_bshd_cross_attention_read_as_sbhd() -> None:
+    """bshd cross-attention tensors under the default 'sbhd' have three batch sizes: an error
+    that says which format would fit, not a wrong layout name."""
+    q, k, v = _bshd(2, 128, 16, 64), _bshd(2, 256, 4, 64), _bshd(2, 256, 4, 64)
+    with pytest.raises(ValueError, match=r"^qkv_format='sbhd' reads the batch size from dim 1 of \[s, b, h, d\], but "
+                                         r"q, k, v have 128, 256, 256 there \(q \[2, 128, 16, 64\], k \[2, 256, 4, 64\], "
+                                         r"v \[2, 256, 4, 64\]\); they would fit qkv_format='bshd'$"):  # fmt: skip
+        get_qkv_layout(q, k, v)
+    assert get_qkv_layout(q, k, v, "bshd") == "bshd_bshd_bshd"
+    # and the other way round: sbhd tensors read as bshd
+    qs, ks, vs = (t.transpose(0, 1) for t in (q, k, v))
+    with pytest.raises(ValueError, match=r"qkv_format='bshd' reads the batch size from dim 0 .* they would fit "
+                                         r"qkv_format='sbhd'$"):  # fmt: skip
+        get_qkv_layout(qs, ks, vs, "bshd")
+    assert get_qkv_layout(qs, ks, vs, "sbhd") == "sbhd_sbhd_sbhd"
+
+
+def test_get_qkv_layout_batch_mismatch_without_a_fitting_format() -> None:
+    q, k, v = _bshd(2, 16, 4, 64), _bshd(3, 32, 4, 64), _bshd(2, 32, 4, 64)
+    with pytest.raises(ValueError, match=r"q, k, v have 2, 3, 2 there \(q \[2, 16, 4, 64\], k \[3, 32, 4, 64\], "
+                                         r"v \[2, 32, 4, 64\]\)$"):  # fmt: skip
+        get_qkv_layout(q, k, v, "bshd")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "q", "k", "v"),
+    [
+        ("bshd", (2, 128, 16, 64), (2, 512, 16, 64), (2, 512, 16, 64)),  # cross-attention
+        ("bshd", (2, 128, 32, 64), (2, 128, 4, 64), (2, 128, 4, 64)),  # GQA
+        ("bshd", (2, 128, 32, 128), (2, 512, 1, 128), (2, 512, 1, 64)),  # MQA, cross, d_v != d_qk
+        ("sbhd", (128, 2, 16, 64), (512, 2, 4, 64), (512, 2, 4, 64)),  # cross + GQA, sbhd
+        ("sbhd", (1, 8, 32, 128), (4096, 8, 8, 128), (4096, 8, 8, 128)),  # decode
+        ("thd", (100, 16, 64), (300, 4, 64), (300, 4, 32)),  # THD: q and kv token counts differ
+    ],
+    ids=["cross", "gqa", "mqa-cross-dv", "sbhd-cross-gqa", "decode", "thd-cross"],
+)  # fmt: skip
+def test_get_qkv_layout_accepts_valid_shapes(fmt: str, q: tuple, k: tuple, v: tuple) -> None:
+    t = [torch.empty(s, dtype=torch.float16) for s in (q, k, v)]
+    assert get_qkv_layout(*t, fmt) == f"{fmt}_{fmt}_{fmt}"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "shapes", "message"),
+    [
+        ("sbhd", [(16, 2, 4, 64), (16, 2, 4, 64), (2, 16, 4)],
+         r"qkv_format='sbhd' takes 4-d tensors \[s, b, h, d\], but v has shape \[2, 16, 4\]"),
+        ("bshd", [(2, 16, 4, 64, 1), (2, 16, 4, 64), (2, 16, 4, 64)],
+         r"qkv_format='bshd' takes 4-d tensors \[b, s, h, d\], but q has shape \[2, 16, 4, 64, 1\]"),
+        ("thd", [(32, 4, 64), (32, 4, 64), (2, 16, 4, 64)],
+         r"qkv_format='thd' takes 3-d tensors \[t, h, d\], but v has shape \[2, 16, 4, 64\]"),
+        ("bshd", [(2, 16, 4, 64), (2, 16, 4, 64), (2, 32, 4, 64)],
+         r"qkv_format='bshd': k holds 16 keys \(dim 1\) but v holds 32"),
+        ("thd", [(40, 4, 64), (32, 4, 64), (31, 4, 64)], r"qkv_format='thd': k holds 32 tokens \(dim 0\) but v holds 31"),
+    ],
+    ids=["sbhd-3d", "bshd-5d", "thd-4d", "kv-lengths", "thd-kv-tokens"],
+)  # fmt: skip
+def test_get_qkv_layout_rejects_shapes_outside_the_format(fmt: str, shapes: list, message: str) -> None:
+    t = [torch.empty(s, dtype=torch.float16) for s in shapes]
+    with pytest.raises(ValueError, match=message):
+        get_qkv_layout(*t, fmt)
+
+
+@pytest.mark.parametrize("name", ["t3hd", "th3d", "thd_t2hd", "thd_th2d", "thd_thd_thd"])
+def test_get_qkv_layout_identifies_thd_layouts(name: str) -> None:
+    from te_cudnn.testing import make_qkv
+
+    gqa = name in ("thd_t2hd", "thd_th2d", "thd_thd_thd")
+    q, k, v = make_qkv(QKVLayout[name], 3, 8, 2 if gqa else 8, 16, 24 if gqa else 16, 64, device="cpu")
+    assert q.dim() == 3 and q.shape[0] == 3 * 16 and k.shape[0] == 3 * (24 if gqa else 16)
+    assert get_qkv_layout(q, k, v, "thd") == name

@@ -113,6 +113,16 @@ def test_declines_with_reason(over, fragment):
     assert any(fragment in r for r in why), why
 
 
+def test_sbhd_sb2hd_batch_of_three_is_declined_only_there():
+    """cuDNN 9.19's engine 0 gives wrong results for sbhd_sb2hd at b=3 (tools/probe_max512_layouts.py, H100)."""
+    def cfg(layout, b):
+        return replace(_cfg(layout=layout, training=False), b=b)
+
+    assert any("sbhd_sb2hd with b=3" in r for r in MAX512.not_supported_reasons(cfg("sbhd_sb2hd", 3), HOPPER_CUDNN_919))
+    for layout, b in (("sbhd_sb2hd", 2), ("sbhd_sb2hd", 4), ("sb3hd", 3), ("bshd_bs2hd", 3)):
+        assert MAX512.not_supported_reasons(cfg(layout, b), HOPPER_CUDNN_919) == [], (layout, b)
+
+
 def test_dbias_rule_is_training_only():
     inference = _cfg(bias="post_scale_bias", s=192, training=False)
     assert MAX512.not_supported_reasons(inference, HOPPER_CUDNN_919, Direction.FWD) == []

@@ -377,3 +377,66 @@ def test_generated_cases_cover_the_declaration() -> None:
     assert len(mixed) == 4 * 6 * 3 * 2
     served = [p for p in _generated_cases(CAPS.layouts & SHAPES_ONLY) if not _documented_reasons(*p.values)]
     assert any(_is_ragged(p.values[0]) for p in served)  # THD layouts are actually served
+
+
+# ----------------------------------------------------------------------------- head dims and rows of 16 bytes
+def test_every_sub_backend_declines_head_dims_that_are_not_16_byte_rows() -> None:
+    """config.describe_fwd leaves tensors whose head dim cannot make 16-byte rows (d = 7 in
+    bf16) to the sub-backends' head-dim rule, so that the head dim is reported and not the
+    strides it implies. That is safe only while every sub-backend's declared multiple covers
+    cuDNN's 16-byte rule for every dtype it takes."""
+    for backend in REGISTRY:
+        for dtype in backend.caps.dtypes:
+            row = backend.caps.head_dim_multiple * torch.empty((), dtype=dtype).element_size()
+            assert row % 16 == 0, (backend.name, dtype, backend.caps.head_dim_multiple)
+
+
+@pytest.mark.parametrize(("dtype", "d", "backend", "fragment"), [
+    (BF16, 7, ARB, "head dims d_qk=7, d_v=7 must be multiples of 8"),
+    (torch.float16, 100, ARB, "head dims d_qk=100, d_v=100 must be multiples of 8"),
+    (FP8, 8, F8, "head dims d_qk=8, d_v=8 must be multiples of 16"),
+    (FP8, 120, F8, "head dims d_qk=120, d_v=120 must be multiples of 16"),
+])  # fmt: skip
+def test_unaligned_head_dims_are_declined_as_head_dims(dtype, d, backend, fragment) -> None:
+    ex = explain(dtype=dtype, d=d, mask="causal")
+    assert ex.backend is FusedAttnBackend.No_Backend
+    assert _has(ex.reasons[backend], fragment), ex.reasons[backend]
+
+
+# ----------------------------------------------------------------------------- FP8, sq = skv = 1
+def test_fp8_training_with_sq_skv_1_is_declined_as_the_frontend_does() -> None:
+    """Found by the property test: the FP8 declaration accepted a training call with
+    sq = skv = 1, whose backward graph the frontend's validator refuses."""
+    from te_cudnn.backends import BY_ENUM
+
+    cfg = _cfg(dtype=FP8, max_seqlen_q=1, max_seqlen_kv=1, head_dim_qk=128, head_dim_v=128, attn_mask_type="no_mask")
+    fp8 = BY_ENUM[FusedAttnBackend.FP8]
+    with pytest.raises(Exception, match=r"s_q = s_kv = 1 is not supported"):
+        fp8.build(cfg.for_backward(cfg.o_stride, False), Direction.BWD).graph.validate()
+    assert _has(fp8.not_supported_reasons(cfg, HOPPER_CUDNN_919, Direction.FWD) + fp8.not_supported_reasons(
+        cfg, HOPPER_CUDNN_919, Direction.BWD), "sq = skv = 1")  # fmt: skip
+    with pytest.raises(UnsupportedConfigError, match=r"sq = skv = 1"):
+        select(cfg, HOPPER_CUDNN_919)
+    # inference with a single query and key stays served, and its forward graph validates
+    inference = _cfg(dtype=FP8, is_training=False, max_seqlen_q=1, max_seqlen_kv=1, head_dim_qk=128, head_dim_v=128)
+    assert select(inference, HOPPER_CUDNN_919) is fp8
+    fp8.build(inference, Direction.FWD).graph.validate()
+
+
+# ----------------------------------------------------------------------------- malformed explain arguments
+@pytest.mark.parametrize(("over", "exc", "match"), [
+    (dict(training=torch.tensor([1, 0])), TypeError, r"is_training must be a bool, got a int64 tensor of shape \[2\] on cpu"),
+    (dict(deterministic=1), TypeError, r"deterministic must be a bool, got int 1"),
+    (dict(dtype=torch.float32), TypeError, r"q_dtype=torch\.float32: fused attention takes torch\.float16, torch\.bfloat16"),
+    (dict(dtype="bf16"), TypeError, r"q_dtype.*str 'bf16'"),
+    (dict(bias="post_scale_bias", bias_shape=7), TypeError, r"bias_shape must be a sequence of 4 ints, got int 7"),
+    (dict(bias="post_scale_bias", bias_shape=(16, 512, 512)), ValueError,
+     r"bias_shape=\[16, 512, 512\]; expected \[1 or b, 1 or h, 1 or sq, skv\] = \[1\|2, 1\|16, 1\|512, 512\]"),
+    (dict(layout="bs3hd", sq=512, skv=256), ValueError,
+     r"qkv_layout=bs3hd packs q, k and v, so it needs max_seqlen_q == max_seqlen_kv .* got 512, 256 and 16, 16"),
+    (dict(window=(1.5, 0)), TypeError, r"window_size must hold two ints \(-1 means unbounded\), got \(float 1\.5, int 0\)"),
+])  # fmt: skip
+def test_explain_names_malformed_arguments(over: dict, exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match) as ei:
+        explain(**over)
+    assert type(ei.value) is exc

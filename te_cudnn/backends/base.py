@@ -210,7 +210,16 @@ class SubBackend:
         raise NotImplementedError(f"{self.name}: backward graph builder not implemented ({self.caps.tracking_issue})")
 
     def build(self, cfg: AttnConfig, direction: Direction, handle: Any = None) -> GraphSpec:
+        if cfg.empty:  # cuDNN dies on zero-size graphs (SIGFPE in its heuristics, measured); te_cudnn.empty answers
+            raise ValueError(f"{cfg.summary()} is empty (a batch, sequence or token count of 0): no cuDNN graph is "
+                             "built for it; fused_attn_fwd/bwd return its (empty or zero) results without cuDNN")  # fmt: skip
         return self.build_fwd(cfg, handle) if direction == Direction.FWD else self.build_bwd(cfg, handle)
+
+    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
+        """The uids of the graph's operands, in the order execute binds them. The builders put
+        exactly these into their :class:`GraphSpec`, and a plan loaded from the plan store takes
+        them from here (its key), never from the file."""
+        raise NotImplementedError(f"{self.name}: operand uids not implemented ({self.caps.tracking_issue})")
 
     # ---------------------------------------------------------------- runtime data
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:

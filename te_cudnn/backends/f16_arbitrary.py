@@ -76,10 +76,11 @@ class F16ArbitrarySeqlen(SubBackend):
         if env.sm is not None and env.sm >= 100 and (env.cudnn_version or 0) < 90700:
             why.append(f"sm{env.sm} needs cuDNN 9.7 or newer")
         bottom_right = self._effective_bottom_right(cfg)
-        if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_shape is not None and cfg.bias_shape[2] != cfg.sq:
+        if (cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_shape is not None and cfg.bias_shape[2] != cfg.sq
+                and cfg.bias_shape[:3] != (1, 1, 1)):  # 111s: fwd and bwd (no dBias, TE's rule) plan and run (H100)
             why.append(
-                f"attn_bias shape {list(cfg.bias_shape)}: cuDNN needs a bias of [1|b, 1|h, sq, skv] "
-                f"(a bias broadcast over queries, 111s, is not fused)"
+                f"attn_bias shape {list(cfg.bias_shape)}: cuDNN needs a bias of [1|b, 1|h, sq, skv] or [1, 1, 1, skv] "
+                f"(a bias broadcast over queries in only some dims is not fused)"
             )
         if cfg.bias_type == AttnBiasType.alibi:
             if not cfg.mask.is_causal or cfg.mask.is_padding:
@@ -208,14 +209,20 @@ class F16ArbitrarySeqlen(SubBackend):
             bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
         return g, q, k, v, bias, rag
 
-    def _tail_uids(self, cfg: AttnConfig, bias: Any, dbias: Any = None) -> list[int]:
-        """Optional operands, in the order ops.py binds them after the fixed ones."""
-        uids = [Uid.BIAS] if bias is not None else []
-        if dbias is not None:
-            uids.append(Uid.DBIAS)
+    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
+        """The fixed operands, then the optional ones in the order ops.py binds them: bias (and
+        dBias in the backward), dropout seed/offset, the per-call runtime tensors."""
+        if direction == Direction.FWD:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
+        else:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV]
+        if cfg.bias_type == AttnBiasType.post_scale_bias:
+            uids.append(Uid.BIAS)
+            if direction == Direction.BWD and cfg.has_dbias:
+                uids.append(Uid.DBIAS)
         if cfg.has_dropout:
             uids += [Uid.SEED, Uid.OFFSET]
-        return uids + self.runtime_uids(cfg)
+        return tuple(uids + self.runtime_uids(cfg))
 
     def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
@@ -231,8 +238,7 @@ class F16ArbitrarySeqlen(SubBackend):
         if cfg.ragged_q:
             o.set_ragged_offset(rag[Uid.RAGGED_O])
             stats.set_ragged_offset(rag[Uid.RAGGED_STATS])
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS] + self._tail_uids(cfg, bias)
-        return GraphSpec(g, tuple(uids), Direction.FWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
@@ -253,6 +259,8 @@ class F16ArbitrarySeqlen(SubBackend):
         if bias is not None:
             kw["bias"] = bias
             if cfg.has_dbias:
+                # contiguous, whatever the bias' strides: with skv = 100 in bf16 cuDNN 9.19 plans a backward
+                # for a contiguous dBias but none for one whose rows are padded to 16 bytes (measured on H100)
                 shape = list(cfg.bias_shape)
                 contiguous = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1]
                 dbias = g.tensor(name="dbias", dim=shape, stride=contiguous, data_type=io, uid=Uid.DBIAS)
@@ -271,5 +279,4 @@ class F16ArbitrarySeqlen(SubBackend):
                 t.set_ragged_offset(off)
         if dbias is not None:
             dbias.set_output(True)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV] + self._tail_uids(cfg, bias, dbias)
-        return GraphSpec(g, tuple(uids), Direction.BWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

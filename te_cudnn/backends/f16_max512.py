@@ -88,6 +88,12 @@ class F16Max512Seqlen(SubBackend):
                 "Python API lacks; given as a mask, cuDNN 9.19 ignores them (measured on H100: the valid rows of a "
                 "shorter sequence attended its padded keys)"
             )
+        if cfg.layout == QKVLayout.sbhd_sb2hd and cfg.b == 3:
+            why.append(
+                "sbhd_sb2hd with b=3: cuDNN 9.19's engine 0 returns wrong, run-to-run varying results for it (measured "
+                "on H100 for h=1..16, s=64 and 128; b=1..8 otherwise right, other layouts right; "
+                "tools/probe_max512_layouts.py)"
+            )
         if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_shape is not None and cfg.bias_shape != (1, cfg.h, cfg.sq, cfg.skv):
             why.append(f"attn_bias shape {list(cfg.bias_shape)}: the max512 graph takes a [1, h, sq, skv] bias only")
         if cfg.bias_type == AttnBiasType.post_scale_bias and cfg.bias_stride is not None and cfg.bias_shape is not None:
@@ -106,6 +112,19 @@ class F16Max512Seqlen(SubBackend):
         return -(-cfg.sq * cfg.skv // BACKEND_FP8_THREADS_PER_CTA)  # ceil(sq * skv / 128), TE's increment
 
     # ------------------------------------------------------------------ graphs
+    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
+        """The forward binds q, k, v, O, S [, bias]; the backward q, k, v, S, dO, dQ, dK, dV, the dS
+        scratch [, dBias]; both end with the lengths (always: the full lengths without a padding mask)."""
+        if direction == Direction.FWD:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
+            if cfg.bias_type == AttnBiasType.post_scale_bias:
+                uids.append(Uid.BIAS)
+        else:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, Uid.DS]
+            if cfg.has_dbias:
+                uids.append(Uid.DBIAS)
+        return tuple(uids + [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV])
+
     @staticmethod
     def _graph(cfg: AttnConfig, handle: Any, direction: Direction) -> tuple[Any, Any]:
         return new_graph(f"te_cudnn_F16_max512_seqlen_{direction.value}", cfg, handle)
@@ -156,12 +175,10 @@ class F16Max512Seqlen(SubBackend):
         k_scaled.set_data_type(io)
         s = g.matmul(q, k_scaled, compute_data_type=f32, name="bmm1")
         s.set_data_type(f32)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
         if cfg.bias_type == AttnBiasType.post_scale_bias:
             bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
             s = g.add(s, bias, name="bias_add")
             s.set_data_type(f32)
-            uids.append(Uid.BIAS)
         s = self._mask(g, cfg, s, MASK_VALUE_FP16 if cfg.dtype == torch.float16 else MASK_VALUE)
         row_max = g.reduction(s, mode=cudnn.reduction_mode.MAX, name="row_max")
         row_max.set_dim([b, h, sq, 1]).set_stride([h * sq, sq, 1, 1]).set_data_type(f32)
@@ -175,8 +192,7 @@ class F16Max512Seqlen(SubBackend):
         p.set_reordering_type(cudnn.tensor_reordering.F16x16)
         o = g.matmul(p, v, compute_data_type=f32, name="bmm2")
         o.set_output(True).set_uid(Uid.O).set_data_type(io).set_dim([b, h, sq, d]).set_stride(list(cfg.o_stride))
-        uids += [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV]  # always: the full lengths without a padding mask
-        return GraphSpec(g, tuple(uids), Direction.FWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
@@ -230,13 +246,10 @@ class F16Max512Seqlen(SubBackend):
         for t, uid, s, stride in ((dq, Uid.DQ, sq, cfg.grad_strides[0]), (dk, Uid.DK, skv, cfg.grad_strides[1]),
                                   (dv, Uid.DV, skv, cfg.grad_strides[2])):  # fmt: skip
             t.set_output(True).set_uid(uid).set_data_type(io).set_dim([b, h, s, d]).set_stride(list(stride))
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, Uid.DS]
         if cfg.has_dbias:
             db = g.reduction(ds, mode=cudnn.reduction_mode.ADD, name="dbias_sum")
             db.set_dim([1, h, sq, skv]).set_stride([h * sq * skv, sq * skv, skv, 1]).set_data_type(f32)
             dbias = g.mul(db, _by_value(1.0 / cfg.attn_scale, torch.float32), name="dbias")
             dbias.set_output(True).set_uid(Uid.DBIAS).set_data_type(io)
             dbias.set_dim([1, h, sq, skv]).set_stride([h * sq * skv, sq * skv, skv, 1])
-            uids.append(Uid.DBIAS)
-        uids += [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV]
-        return GraphSpec(g, tuple(uids), Direction.BWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

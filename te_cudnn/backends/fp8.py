@@ -57,6 +57,8 @@ class FP8Backend(SubBackend):
         training = cfg.is_training or direction == Direction.BWD
         if training and (env.sm is None or env.sm < 100) and (cfg.d_qk, cfg.d_v) != (128, 128):
             why.append(f"cuDNN's FP8 backward on Hopper needs d_qk = d_v = 128, got {cfg.d_qk}/{cfg.d_v}")
+        if training and cfg.sq == 1 and cfg.skv == 1:  # the frontend's sdpa_fp8_backward validator says so
+            why.append("cuDNN's SDPA backward does not support sq = skv = 1")
         return why
 
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
@@ -66,6 +68,15 @@ class FP8Backend(SubBackend):
     @staticmethod
     def runtime_uids(cfg: AttnConfig) -> list[int]:
         return [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV] if cfg.mask.is_padding else []
+
+    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
+        """The tensors, the fp32 scaling operands and amaxes, then the lengths of a padding mask."""
+        if direction == Direction.FWD:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, *FWD_SCALARS, Uid.AMAX_S, Uid.AMAX_O]
+        else:
+            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, *BWD_SCALARS,
+                    Uid.AMAX_DQ, Uid.AMAX_DK, Uid.AMAX_DV, Uid.AMAX_DP]  # fmt: skip
+        return tuple(uids + self.runtime_uids(cfg))
 
     # ------------------------------------------------------------------ graphs
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
@@ -95,8 +106,7 @@ class FP8Backend(SubBackend):
         stats.set_dim([cfg.b, cfg.h, cfg.sq, 1]).set_stride(list(cfg.stats_stride))
         self._amax(amax_s, Uid.AMAX_S)
         self._amax(amax_o, Uid.AMAX_O)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, *FWD_SCALARS, Uid.AMAX_S, Uid.AMAX_O] + self.runtime_uids(cfg)
-        return GraphSpec(g, tuple(uids), Direction.FWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
@@ -120,6 +130,4 @@ class FP8Backend(SubBackend):
             t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(grad_io)
         for t, uid in ((amax_dq, Uid.AMAX_DQ), (amax_dk, Uid.AMAX_DK), (amax_dv, Uid.AMAX_DV), (amax_dp, Uid.AMAX_DP)):
             self._amax(t, uid)
-        uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, *BWD_SCALARS,
-                Uid.AMAX_DQ, Uid.AMAX_DK, Uid.AMAX_DV, Uid.AMAX_DP] + self.runtime_uids(cfg)  # fmt: skip
-        return GraphSpec(g, tuple(uids), Direction.BWD)
+        return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

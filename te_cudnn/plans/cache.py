@@ -8,20 +8,25 @@ readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import GraphBuildError
 from .key import PlanKey
+from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
 
 __all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache"]
 
-DEFAULT_MAXSIZE = int(os.environ.get("TE_CUDNN_PLAN_CACHE_SIZE", "512"))
+#: ``TE_CUDNN_PLAN_CACHE_SIZE`` (plans kept in memory); a malformed value warns once and gives 512.
+DEFAULT_MAXSIZE = int(env_number("TE_CUDNN_PLAN_CACHE_SIZE", 512, integer=True,
+                                 what="a positive whole number of plans"))
 
 
 @dataclass(eq=False)
@@ -114,6 +119,7 @@ def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
 
 
 def _machine_facts(device: int) -> dict[str, Any]:
+    """Everything a serialized plan depends on besides its key (the store's fingerprint)."""
     import torch  # noqa: PLC0415
 
     from .. import __version__  # noqa: PLC0415
@@ -122,57 +128,116 @@ def _machine_facts(device: int) -> dict[str, Any]:
     env = current_env(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else None
     return {"gpu": env.device_name, "sm": env.sm, "sm_count": sms, "cudnn": env.cudnn_version,
-            "frontend": frontend_version(), "te_cudnn": __version__}  # fmt: skip
+            "frontend": frontend_version(), "te_cudnn": __version__, "plan_format": PLAN_FORMAT_VERSION}  # fmt: skip
 
 
 _stores: dict[int, Any] = {}
+_stores_lock = threading.Lock()
+_warned: set[str] = set()  # causes already reported outside any one store
+
+
+def _warn_once(cause: str, message: str) -> None:
+    if cause not in _warned:
+        _warned.add(cause)
+        warnings.warn(message, stacklevel=3)
 
 
 def store_for(device: int):
-    """The plan store for a device (None when ``TE_CUDNN_PLAN_STORE=off``)."""
-    if device not in _stores:
-        from .store import default_store  # noqa: PLC0415
+    """The plan store for a device: None when ``TE_CUDNN_PLAN_STORE=off``, or when it cannot be
+    set up (warned once). Devices with the same fingerprint (one GPU model) share one store,
+    and with it its once-per-cause warnings."""
+    store = _stores.get(device, False)
+    if store is not False:
+        return store
+    with _stores_lock:
+        if device in _stores:
+            return _stores[device]
+        try:
+            from .store import default_store  # noqa: PLC0415
 
-        _stores[device] = default_store(_machine_facts(device))
-    return _stores[device]
+            store = default_store(_machine_facts(device))
+            if store is not None:  # one object per (root, fingerprint)
+                same = (s for s in _stores.values() if s is not None and (s.root, s.fingerprint) == (store.root, store.fingerprint))
+                store = next(same, store)
+        except Exception as exc:  # storing is an optimisation: never fail the call for it
+            _warn_once("store setup", f"te_cudnn: the plan store is not available ({type(exc).__name__}: {exc}); "
+                                      f"plans are built, not loaded or stored")  # fmt: skip
+            store = None
+        _stores[device] = store
+        return store
+
+
+def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float) -> Optional[CompiledPlan]:
+    """The plan deserialized from the store, or None (absent, bad or unloadable: warned once per
+    cause). Its operand uids come from the key; a file whose header says otherwise is skipped."""
+    from ..backends import BY_ENUM  # noqa: PLC0415
+    from ..runtime import cudnn_module  # noqa: PLC0415
+    from .handles import handle_for  # noqa: PLC0415
+
+    try:
+        entry = store.load(desc)
+    except Exception as exc:  # the store reports the contents it skips; this is anything else
+        store.warn_once(f"load:{type(exc).__name__}", f"te_cudnn: could not read the plan store {store.root} "
+                                                       f"({type(exc).__name__}: {exc}); building the plan instead")  # fmt: skip
+        return None
+    if entry is None:
+        return None
+    uids = tuple(BY_ENUM[key.backend].operand_uids(key.config, key.direction))
+    if entry.header.get("uids") != list(uids):
+        store.warn_once("uids", f"te_cudnn: skipping plan file {entry.path}: its operand uids {entry.header.get('uids')} "
+                                f"are not the {list(uids)} that its key gives; the plan will be rebuilt")  # fmt: skip
+        return None
+    try:
+        t_read = time.perf_counter()
+        g = cudnn_module().pygraph()
+        g.deserialize(handle_for(key.config.device), entry.blob)
+        t_deser = time.perf_counter()
+        return CompiledPlan(key, g, uids, int(g.get_workspace_size()), str(entry.header.get("plan_name", "unknown")),
+                            time.perf_counter() - start, source="store",
+                            stages={"read": t_read - start, "deserialize": t_deser - t_read})  # fmt: skip
+    except Exception as exc:  # a plan this cuDNN cannot load: build it again
+        store.warn_once("deserialize", f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding")
+        return None
+
+
+def _save_built(store, key: PlanKey, desc: dict[str, Any], plan: CompiledPlan) -> None:
+    """Store a built plan; a failure (read-only store, disk full, ...) is warned once per cause."""
+    try:
+        blob = plan.graph.serialize(as_bytes=True)
+        store.save(desc, bytes(blob), {"uids": list(plan.uids), "plan_name": plan.plan_name,
+                                       "build_ms": round(plan.build_seconds * 1e3, 3)})  # fmt: skip
+    except UntrustedStoreError as exc:
+        store.warn_once(exc.cause, str(exc))
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        store.warn_once(f"write:{name}", f"te_cudnn: could not store a plan in {store.dir}: {exc.strerror or exc} "
+                                         f"({name}); plans are still built and used, but not kept for later processes")  # fmt: skip
+    except Exception as exc:  # storing is an optimisation: never fail the call for it
+        name = type(exc).__name__
+        store.warn_once(f"save:{name}", f"te_cudnn: could not store plan for {key}: {name}: {exc}")
 
 
 def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
     """Deserialize the plan from the plan store when it holds it, else build it and store it.
-    A stored plan that fails to load is reported and rebuilt."""
-    import warnings  # noqa: PLC0415
 
-    from ..runtime import cudnn_module  # noqa: PLC0415
-    from .handles import handle_for  # noqa: PLC0415
-
+    The store is an optimisation: nothing it does (absent, off, untrusted, damaged, full,
+    read-only, a plan cuDNN cannot load) fails the call; each kind of problem is warned once.
+    Its key is the plan key without the GPU ordinal (:meth:`PlanKey.describe`), so the ranks
+    of one node share one file per plan."""
     from ..backends import BY_ENUM  # noqa: PLC0415
 
     if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
         return build_plan(key, make_spec)
     start = time.perf_counter()
     store = store_for(key.config.device)
-    desc = key.describe()
-    if store is not None:
-        entry = store.load(desc)
-        if entry is not None:
-            try:
-                t_read = time.perf_counter()
-                g = cudnn_module().pygraph()
-                g.deserialize(handle_for(key.config.device), entry.blob)
-                t_deser = time.perf_counter()
-                return CompiledPlan(key, g, tuple(entry.header["uids"]), int(g.get_workspace_size()),
-                                    entry.header.get("plan_name", "unknown"), time.perf_counter() - start,
-                                    source="store", stages={"read": t_read - start, "deserialize": t_deser - t_read})  # fmt: skip
-            except Exception as exc:  # a plan this cuDNN cannot load: build it again
-                warnings.warn(f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding", stacklevel=2)
+    if store is None:
+        return build_plan(key, make_spec)
+    desc = key.describe(device=False)
+    plan = _load_stored(store, key, desc, start)
+    if plan is not None:
+        return plan
     plan = build_plan(key, make_spec)
-    if store is not None:
-        try:
-            blob = plan.graph.serialize(as_bytes=True)
-            store.save(desc, bytes(blob), {"uids": list(plan.uids), "plan_name": plan.plan_name,
-                                           "build_ms": round(plan.build_seconds * 1e3, 3)})  # fmt: skip
-        except Exception as exc:  # storing is an optimisation: never fail the call for it
-            warnings.warn(f"te_cudnn: could not store plan for {key}: {exc}", stacklevel=2)
+    _save_built(store, key, desc, plan)
     return plan
 
 

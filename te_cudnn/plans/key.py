@@ -33,8 +33,12 @@ class PlanKey:
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
 
-    def describe(self) -> dict[str, Any]:
-        """A flat, JSON-friendly view (enums and dtypes as names) for tools and logs."""
+    def describe(self, device: bool = True) -> dict[str, Any]:
+        """A flat, JSON-friendly view (enums and dtypes as names) for tools and logs.
+
+        ``device=False`` leaves out the GPU ordinal: the plan store's key. A plan is the same on
+        every GPU of one model (the model is in the store's fingerprint), so the ranks of a node
+        share one stored file per plan; in memory, plans stay per device."""
         out: dict[str, Any] = {
             "backend": self.backend.name,
             "direction": self.direction.value,
@@ -42,6 +46,8 @@ class PlanKey:
             "frontend_version": self.frontend_version,
         }
         for f in fields(self.config):
+            if f.name == "device" and not device:
+                continue
             value = getattr(self.config, f.name)
             if hasattr(value, "name") and not isinstance(value, (tuple, str)):
                 value = value.name

@@ -1,39 +1,108 @@
 """A plan store on disk, so built cuDNN plans outlive the process.
 
 Layout: ``<root>/<fingerprint>/<entry>.plan``. The fingerprint directory is named by a hash
-of everything a serialized plan depends on (GPU model and compute capability, cuDNN version,
-frontend version, te_cudnn version), and every file repeats the fingerprint and its plan
-key in its header, so a mismatched entry is never used. A file is::
+of everything a serialized plan depends on (GPU model, SM count and compute capability, cuDNN,
+frontend and te_cudnn versions, :data:`PLAN_FORMAT_VERSION`), and every file repeats the
+fingerprint and its plan key in its header, so a mismatched entry is never used. The key holds
+no GPU ordinal: the ranks of one node share one file per plan. A file is::
 
     b"TECUDNN-PLAN\\x01" | u32 header length | JSON header | serialized plan
 
 with the plan's SHA-256 in the header. Writes go to a temporary file in the same directory
-and are renamed into place (atomic; concurrent writers of one entry simply race to the same
-content). Unreadable, truncated, foreign or mismatched files are skipped with a warning and
-rebuilt. The total size is bounded; the least recently used entries (by mtime; loads touch
-it) are evicted.
+and are renamed into place (atomic: concurrent writers of one entry race, and the file is
+always one writer's whole file).
+
+Trust. A stored plan is handed to cuDNN's deserializer, which is not built to take hostile
+bytes (and the frontend's python-engine plans carry compiled kernels: native code), so a plan
+file is treated like code: only files that nobody but the user could have written are read:
+
+* the store root and the fingerprint directory must be directories owned by the user and not
+  writable by group or others (the store creates them 0700, its files 0600, whatever the
+  umask); otherwise the store is neither read nor written;
+* a file is opened without following symbolic links (``O_NOFOLLOW``) and must be a regular
+  file owned by the user, not writable by group or others, of at most :data:`MAX_FILE_BYTES`.
+
+The SHA-256 detects truncation and corruption (integrity), not tampering: whoever can write a
+file can write a matching checksum. The ownership checks are what keep other users' bytes
+out. Not covered: processes running as the user (or root), the directories above the store
+root, and archives brought in with ``te-cudnn plans import`` (trust their source).
+
+Faults never fail a call: a file that is unreadable, truncated, corrupted, foreign, untrusted
+or too large is skipped and the plan rebuilt; a store that cannot be written (read-only, disk
+full, quota) leaves no partial file. Each kind of problem is reported once per store with a
+warning that names the file or directory and the fix (:meth:`PlanStore.warn_once`).
+
+Eviction (:meth:`PlanStore.evict`, after each save) keeps the store within its size bound:
+this fingerprint's least recently used files go first (by mtime; loads touch it), then other
+fingerprints' files that no process has used for :data:`FOREIGN_GRACE_SECONDS`. Plans of
+another GPU model or version that are still in use are never deleted to make room, so the
+bound can be exceeded by them. The file just written is kept. Temporary files older than
+:data:`STALE_TMP_SECONDS` (writers that were killed) are removed.
 
 Configuration: ``TE_CUDNN_PLAN_STORE`` (a directory, or ``off``; default
-``$XDG_CACHE_HOME/te_cudnn/plans``), ``TE_CUDNN_PLAN_STORE_MAX_MB`` (default 512).
+``$XDG_CACHE_HOME/te_cudnn/plans``), ``TE_CUDNN_PLAN_STORE_MAX_MB`` (default 512; fractions
+allowed). A malformed value is reported once and the default used.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
+import stat
 import struct
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-__all__ = ["PlanStore", "StoredPlan", "default_store", "fingerprint_of"]
+__all__ = [
+    "PLAN_FORMAT_VERSION", "MAX_FILE_BYTES", "PlanFileError", "PlanStore", "StoredPlan", "UntrustedStoreError",
+    "default_store", "env_number", "fingerprint_of",
+]  # fmt: skip
 
 MAGIC = b"TECUDNN-PLAN\x01"
 SUFFIX = ".plan"
+TMP_PREFIX = ".tmp-"
+
+#: The version of what the graph builders (``te_cudnn/backends/``) put into a plan. It is part
+#: of the fingerprint, so bumping it retires every stored plan. Bump it with any change to the
+#: builders; ``tests/test_plan_format.py`` fails until it is bumped and its recorded hash updated.
+PLAN_FORMAT_VERSION = 1
+
+#: The largest plan file that is read (a serialized plan is some 10 KB to 2 MB).
+MAX_FILE_BYTES = 64 << 20
+DEFAULT_MAX_MB = 512
+#: A temporary file this old belongs to a writer that was killed: eviction removes it.
+STALE_TMP_SECONDS = 3600
+#: Another fingerprint's plan unused for this long may be evicted to make room.
+FOREIGN_GRACE_SECONDS = 7 * 24 * 3600
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_FURTHER = " (further files with this problem are skipped without another warning)"
+
+
+class PlanFileError(ValueError):
+    """A file that is not a whole, intact plan file that may be read. ``cause`` names the kind
+    of problem, so that each kind is reported once."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+class UntrustedStoreError(PermissionError):
+    """The store's directories may not be used (owned by another user, writable by group or
+    others, or not directories); the message says why and how to fix it."""
+
+    cause = "untrusted store"
 
 
 def _canon(value: Any) -> Any:
@@ -52,6 +121,147 @@ def fingerprint_of(facts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
 
 
+# ----------------------------------------------------------------------------- environment
+_env_warned: set[tuple[str, str]] = set()
+
+
+def env_number(name: str, default: float, *, integer: bool, what: str) -> float:
+    """The positive number in environment variable ``name``, or ``default`` (with one warning
+    per variable and value) when it is malformed: a bad setting never breaks an import or a call."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value: float = int(raw) if integer else float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value > 0:
+        return value
+    if (name, raw) not in _env_warned:
+        _env_warned.add((name, raw))
+        warnings.warn(f"te_cudnn: {name}={raw!r} is not {what}; using the default {default}", stacklevel=3)
+    return default
+
+
+# ----------------------------------------------------------------------------- trust and reading
+def _euid() -> Optional[int]:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def _ownership_problem(st: os.stat_result) -> Optional[str]:
+    """Why a file or directory with this status could hold bytes that someone else wrote."""
+    uid = _euid()
+    if uid is not None and st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by you (uid {uid})"
+    if st.st_mode & 0o022:
+        who = {0o020: "group", 0o002: "others", 0o022: "group and others"}[st.st_mode & 0o022]
+        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _dir_problem(d: Path) -> Optional[str]:
+    """Why the store may not use directory ``d`` (with the fix), or None (fine, or absent)."""
+    try:
+        st = os.stat(d)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{d} cannot be inspected ({exc.strerror or exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{d} is not a directory; remove it or point TE_CUDNN_PLAN_STORE elsewhere"
+    problem = _ownership_problem(st)
+    if problem is None:
+        return None
+    if problem.startswith("owned"):
+        return f"{d} is {problem}; use a store of your own (TE_CUDNN_PLAN_STORE=DIR) or `chown -R` it to yourself"
+    return f"{d} is {problem}; fix it with `chmod 700 {d}`"
+
+
+def _read_file(path: Path, check_owner: bool) -> bytes:
+    """The bytes of a regular file, opened without following links, at most MAX_FILE_BYTES;
+    with ``check_owner``, only a file owned by the user and writable by nobody else."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            message = "a symbolic link, not a regular file (links are not followed)"
+            raise PlanFileError(message, "not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PlanFileError("not a regular file", "not a regular file")
+        if check_owner and (problem := _ownership_problem(st)) is not None:
+            message = f"it is {problem}; only files that you alone can write are handed to cuDNN"
+            raise PlanFileError(message, "untrusted file")
+        parts, total = [], 0
+        while total <= MAX_FILE_BYTES:
+            chunk = os.read(fd, max(st.st_size - total, 0) + (1 << 16))
+            if not chunk:
+                break
+            parts.append(chunk)
+            total += len(chunk)
+        if total > MAX_FILE_BYTES:
+            raise PlanFileError(f"larger than the limit for a plan file ({MAX_FILE_BYTES} bytes)", "oversized")
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _parse(path: Path, data: bytes) -> "StoredPlan":
+    if not data.startswith(MAGIC):
+        raise PlanFileError("not a te_cudnn plan file (bad magic)", "not a plan file")
+    start = len(MAGIC) + 4
+    if len(data) < start:
+        raise PlanFileError("truncated header", "truncated")
+    (n,) = struct.unpack("<I", data[len(MAGIC) : start])
+    try:
+        header = json.loads(data[start : start + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanFileError(f"unreadable header: {exc}", "unreadable header") from None
+    except RecursionError:
+        raise PlanFileError("unreadable header: nested too deeply", "unreadable header") from None
+    if not isinstance(header, dict):
+        raise PlanFileError(f"unreadable header: a JSON {type(header).__name__}, not an object", "unreadable header")
+    blob = data[start + n :]
+    if len(blob) != header.get("size") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
+        raise PlanFileError("plan bytes are truncated or corrupted (size/checksum mismatch)", "corrupted")
+    return StoredPlan(Path(path), header, blob)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _regular_files(d: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Regular files directly in ``d`` (links not followed); unreadable entries are skipped."""
+    try:
+        it = os.scandir(d)
+    except OSError:
+        return
+    with it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield Path(e.path), st
+
+
+def _unlink(path: Path) -> bool:
+    """Remove a file; True when it is gone (also when another process removed it first)."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:  # e.g. PermissionError: not ours to remove
+        return False
+
+
 @dataclass
 class StoredPlan:
     path: Path
@@ -60,12 +270,35 @@ class StoredPlan:
 
 
 class PlanStore:
-    def __init__(self, root: os.PathLike | str, facts: dict[str, Any], max_bytes: int = 512 << 20):
+    def __init__(self, root: os.PathLike | str, facts: dict[str, Any], max_bytes: int = DEFAULT_MAX_MB << 20):
         self.root = Path(root)
         self.facts = _canon(dict(facts))
         self.fingerprint = fingerprint_of(self.facts)
         self.dir = self.root / self.fingerprint
         self.max_bytes = max_bytes
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reporting
+    def warn_once(self, cause: str, message: str) -> bool:
+        """Warn about ``cause`` unless this store already did; True when it warned. Every
+        fault of the store goes through here, so a broken store costs one warning per kind of
+        problem, not one per call."""
+        with self._lock:
+            if cause in self._warned:
+                return False
+            self._warned.add(cause)
+        warnings.warn(message, stacklevel=3)
+        return True
+
+    def trust_problem(self) -> Optional[str]:
+        """Why this store's directories may not be used, with the fix; None when they may (or
+        do not exist yet: :meth:`save` creates them private)."""
+        return _dir_problem(self.root) or _dir_problem(self.dir)
+
+    def _untrusted_message(self, problem: str) -> str:
+        return (f"te_cudnn: not using the plan store {self.root}: {problem}. Only files that you alone can write are "
+                f"handed to cuDNN; plans are built, not loaded or stored, until this is fixed")  # fmt: skip
 
     # ------------------------------------------------------------------ names
     @staticmethod
@@ -76,8 +309,23 @@ class PlanStore:
         return self.dir / (self.entry_name(key_description) + SUFFIX)
 
     # ------------------------------------------------------------------ write
+    def _make_dirs(self) -> None:
+        """Create the root and fingerprint directories owner-only (whatever the umask) and
+        check them; raises UntrustedStoreError when an existing one may not be used."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.dir):
+            try:
+                os.mkdir(d, DIR_MODE)
+                os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask
+            except FileExistsError:
+                pass
+            problem = _dir_problem(d)
+            if problem is not None:
+                raise UntrustedStoreError(self._untrusted_message(problem))
+
     def save(self, key_description: dict[str, Any], blob: bytes, meta: Optional[dict[str, Any]] = None) -> Path:
-        """Write one plan atomically; returns its path."""
+        """Write one plan atomically (a 0600 file); returns its path. Raises OSError when it
+        cannot (UntrustedStoreError for a store that may not be used), leaving no file behind."""
         key_description = _canon(key_description)
         header = {
             "key": key_description,
@@ -89,65 +337,65 @@ class PlanStore:
             **(meta or {}),
         }
         head = json.dumps(header, sort_keys=True).encode()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dirs()
         path = self.path_for(key_description)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=self.dir)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=SUFFIX, dir=self.dir)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + struct.pack("<I", len(head)) + head + blob)
-                f.flush()
-                os.fsync(f.fileno())
+            os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 is filtered by the umask, too
+            _write_all(fd, MAGIC + struct.pack("<I", len(head)) + head + blob)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
             os.replace(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            _unlink(Path(tmp))
             raise
-        self.evict()
+        self.evict(keep=path)
         return path
 
     # ------------------------------------------------------------------ read
     @staticmethod
-    def read(path: Path) -> StoredPlan:
-        """Parse one file; raises ValueError when it is not a whole, intact plan file."""
-        with open(path, "rb") as f:
-            data = f.read()
-        if not data.startswith(MAGIC):
-            raise ValueError("not a te_cudnn plan file (bad magic)")
-        start = len(MAGIC) + 4
-        if len(data) < start:
-            raise ValueError("truncated header")
-        (n,) = struct.unpack("<I", data[len(MAGIC) : start])
-        try:
-            header = json.loads(data[start : start + n])
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"unreadable header: {exc}") from None
-        if not isinstance(header, dict):
-            raise ValueError(f"unreadable header: a JSON {type(header).__name__}, not an object")
-        blob = data[start + n :]
-        if len(blob) != header.get("size") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
-            raise ValueError("plan bytes are truncated or corrupted (size/checksum mismatch)")
-        return StoredPlan(Path(path), header, blob)
+    def read(path: os.PathLike | str) -> StoredPlan:
+        """Parse one file; raises PlanFileError (a ValueError) when it is not a whole, intact
+        plan file of at most MAX_FILE_BYTES (symbolic links are not followed), OSError when it
+        cannot be opened. Ownership is not checked here (:meth:`load` checks it)."""
+        return _parse(Path(path), _read_file(Path(path), check_owner=False))
 
     def load(self, key_description: dict[str, Any]) -> Optional[StoredPlan]:
-        """The stored plan for this key and fingerprint, or None (bad files are skipped)."""
+        """The stored plan for this key and fingerprint, or None. Bad, foreign and untrusted
+        files are skipped (warned once per cause); never raises for the store's contents."""
         key_description = _canon(key_description)
         path = self.path_for(key_description)
+        problem = self.trust_problem()
+        if problem is not None:
+            self.warn_once(UntrustedStoreError.cause, self._untrusted_message(problem))
+            return None
         try:
-            entry = self.read(path)
+            entry = _parse(path, _read_file(path, check_owner=True))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            warnings.warn(f"te_cudnn: skipping plan file {path}: {exc}; the plan will be rebuilt", stacklevel=2)
+        except PlanFileError as exc:
+            then = "the plan will be rebuilt" + (" and the file replaced" if exc.cause == "untrusted file" else "")
+            self.warn_once(exc.cause, f"te_cudnn: skipping plan file {path}: {exc}; {then}{_FURTHER}")
+            return None
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            self.warn_once(f"read:{name}", f"te_cudnn: skipping plan file {path}: {exc.strerror or exc} ({name}); "
+                                           f"the plan will be rebuilt{_FURTHER}")  # fmt: skip
             return None
         h = entry.header
         if h.get("fingerprint") != self.fingerprint or h.get("facts") != self.facts or h.get("key") != key_description:
-            warnings.warn(f"te_cudnn: skipping plan file {path}: it was written for another key or machine", stacklevel=2)
+            self.warn_once("foreign", f"te_cudnn: skipping plan file {path}: it was written for another key or machine; "
+                                      f"the plan will be rebuilt{_FURTHER}")  # fmt: skip
             return None
         try:
-            os.utime(path)  # least-recently-used eviction follows loads too
-        except OSError:
+            os.utime(path, follow_symlinks=False)  # least-recently-used eviction follows loads too
+        except (OSError, NotImplementedError):
             pass
         return entry
 
@@ -157,31 +405,54 @@ class PlanStore:
         if not base.exists():
             return iter(())
         pattern = f"*/*{SUFFIX}" if all_fingerprints else f"*{SUFFIX}"
-        return (p for p in sorted(base.glob(pattern)) if not p.name.startswith(".tmp-"))
+        return (p for p in sorted(base.glob(pattern)) if not p.name.startswith(TMP_PREFIX))
 
     def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.entries(all_fingerprints=True) if p.exists())
-
-    def evict(self) -> list[Path]:
-        """Remove least-recently-used files (any fingerprint) until the store fits its bound."""
-        files = []
+        total = 0
         for p in self.entries(all_fingerprints=True):
             try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in files)
+                total += p.lstat().st_size
+            except OSError:
+                pass
+        return total
+
+    def _fingerprint_dirs(self) -> list[Path]:
+        try:
+            with os.scandir(self.root) as it:
+                return [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+
+    def evict(self, keep: Optional[Path] = None, now: Optional[float] = None) -> list[Path]:
+        """Bring the store within ``max_bytes``; returns the plan files removed.
+
+        Victims, least recently used first: this fingerprint's files (except ``keep``, the file
+        just written), then other fingerprints' files unused for FOREIGN_GRACE_SECONDS. Each
+        file is removed on its own: one that cannot be (PermissionError, ...) is passed over.
+        Temporary files of killed writers (older than STALE_TMP_SECONDS) are removed first."""
+        now = time.time() if now is None else now
+        own: list[tuple[float, int, Path]] = []
+        foreign: list[tuple[float, int, Path]] = []
+        for d in self._fingerprint_dirs():
+            for p, st in _regular_files(d):
+                if p.name.startswith(TMP_PREFIX):
+                    if now - st.st_mtime > STALE_TMP_SECONDS:
+                        _unlink(p)
+                    continue
+                if p.name.endswith(SUFFIX):
+                    (own if d == self.dir else foreign).append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in own) + sum(size for _, size, _ in foreign)
+        if total <= self.max_bytes:
+            return []
+        victims = sorted(f for f in own if f[2] != keep)
+        victims += sorted(f for f in foreign if now - f[0] > FOREIGN_GRACE_SECONDS)
         removed = []
-        for _, size, p in sorted(files):
+        for _, size, p in victims:
             if total <= self.max_bytes:
                 break
-            try:
-                p.unlink()
+            if _unlink(p):
                 removed.append(p)
-            except FileNotFoundError:
-                pass
-            total -= size
+                total -= size
         return removed
 
     def clear(self, all_fingerprints: bool = True) -> int:
@@ -210,5 +481,6 @@ def default_store(facts: dict[str, Any]) -> Optional[PlanStore]:
     root = _default_root()
     if root is None:
         return None
-    max_mb = int(os.environ.get("TE_CUDNN_PLAN_STORE_MAX_MB", "512"))
-    return PlanStore(root, facts, max_bytes=max_mb << 20)
+    max_mb = env_number("TE_CUDNN_PLAN_STORE_MAX_MB", DEFAULT_MAX_MB, integer=False,
+                        what="a positive number of megabytes")
+    return PlanStore(root, facts, max_bytes=int(max_mb * (1 << 20)))

@@ -1,0 +1,668 @@
+"""Property-based tests (hypothesis) of what te_cudnn does with any call, on the CPU.
+
+Random calls (every layout, dtypes including float32/int/FP8, shapes with 0s and odd sizes,
+non-contiguous / transposed / expanded / padded views, bias shapes, masks, windows, dropout
+values, cu_seqlens and page tables of the wrong dtype/shape/device, FP8 metadata, bad option
+strings and types) must end in one of two ways:
+
+* described and selected, and the selected sub-backend's graph builds and the real cuDNN
+  frontend's ``graph.validate()`` accepts it (forward, and backward for training calls);
+  a zero-size call describes as ``empty`` and never reaches a graph; or
+* ``TypeError`` / ``ValueError`` naming an argument, or ``UnsupportedConfigError`` with
+  every sub-backend's reasons;
+
+never another exception type and never a crash. The public functions (``fused_attn_fwd``,
+``fused_attn_bwd``, ``explain``) are also driven with random malformed arguments: on the CPU
+a well-formed call ends in the ValueError that asks for a CUDA device (it names q).
+
+The runs are bounded (``settings`` below; about half a minute on two cores) and use no
+example database, so CI leaves no files behind. Hypothesis draws a fresh seed each run and
+prints it with any failure and in the summary (``TE_CUDNN_PROPERTY_SEED=N`` replays a run);
+``pytest -s`` prints how many examples each test ran and how they ended.
+``TE_CUDNN_PROPERTY_SCALE=10`` runs ten times as many examples.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import os
+import random
+import re
+from typing import Any, Optional
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, note, seed, settings
+from hypothesis import strategies as st
+
+import te_cudnn
+from te_cudnn import UnsupportedConfigError
+from te_cudnn.backends import BY_ENUM, REGISTRY, Direction, select
+from te_cudnn.config import FP8_DTYPES, AttnConfig, describe_bwd, describe_fwd
+from te_cudnn.enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
+from te_cudnn.layouts import layout_info, packed_qkv_views
+from te_cudnn.ops import _check_no_fp8_args, _coerce_backend
+from te_cudnn.runtime import HOPPER_CUDNN_919
+
+_SCALE = max(1, int(os.environ.get("TE_CUDNN_PROPERTY_SCALE", "1")))
+#: A fresh seed per run unless given; every failure report and the summary print it, and
+#: TE_CUDNN_PROPERTY_SEED=N replays the run.
+SEED = int(os.environ.get("TE_CUDNN_PROPERTY_SEED") or random.SystemRandom().randrange(2**32))
+#: No example database (CI stays clean).
+SETTINGS = dict(deadline=None, database=None, derandomize=False, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])  # fmt: skip
+
+FWD_NAMES = tuple(inspect.signature(te_cudnn.fused_attn_fwd).parameters)
+BWD_NAMES = tuple(inspect.signature(te_cudnn.fused_attn_bwd).parameters)
+EXPLAIN_NAMES = tuple(inspect.signature(te_cudnn.explain).parameters)
+#: What a message may name: the public functions' arguments (aux_ctx_tensors[1] counts as
+#: aux_ctx_tensors; messages call the page pools k and v, as the arguments are named).
+ARG_NAMES = frozenset(FWD_NAMES + BWD_NAMES + EXPLAIN_NAMES) - {"args", "kwargs", "env"}
+_NAMES_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(sorted(map(re.escape, ARG_NAMES), key=len, reverse=True)) + r")(?![A-Za-z0-9_])")
+NEEDS_CUDA = "fused attention executes on CUDA devices"
+
+#: How the examples of each test ended (printed at the end of the module with ``pytest -s``).
+OUTCOMES: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+
+def _record(test: str, outcome: str) -> None:
+    OUTCOMES[test][outcome] += 1
+    event(outcome)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_outcomes():
+    yield
+    print(f"\nhypothesis seed {SEED} (TE_CUDNN_PROPERTY_SEED={SEED} replays this run)")
+    for test, counts in OUTCOMES.items():
+        print(f"\n{test}: {sum(counts.values())} examples: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+
+
+def names_an_argument(message: str) -> Optional[str]:
+    """The first argument name ``message`` mentions as a whole word, or None."""
+    m = _NAMES_RE.search(message)
+    return m.group(1) if m else None
+
+
+def check_error(err: BaseException, where: str) -> str:
+    """The one rule for failures: TypeError / ValueError naming an argument, or
+    UnsupportedConfigError carrying reasons; returns the outcome's label."""
+    if isinstance(err, UnsupportedConfigError):
+        assert err.reasons and all(err.reasons.values()), f"{where}: UnsupportedConfigError without reasons: {err}"
+        assert str(err).startswith("No cuDNN fused-attention sub-backend supports"), str(err)
+        return "unsupported"
+    assert type(err) in (TypeError, ValueError), f"{where}: {type(err).__name__} is not TypeError/ValueError: {err!r}"
+    msg = str(err)
+    assert names_an_argument(msg), f"{where}: {type(err).__name__} names no argument: {msg!r}"
+    assert "\n" not in msg.strip(), f"{where}: a message of one line, got {msg!r}"
+    return type(err).__name__
+
+
+# ============================================================================ random calls
+LAYOUTS = list(QKVLayout)
+MAX512 = BY_ENUM[FusedAttnBackend.F16_max512_seqlen]
+FP8_FWD_NAMES = ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")
+VALID_DTYPES = [torch.bfloat16, torch.float16] * 2 + list(FP8_DTYPES)
+OTHER_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int8, torch.bool, torch.complex64]
+MASKS = [m.name for m in AttnMaskType]
+BIASES = [b.name for b in AttnBiasType]
+BAD_NAMES = st.sampled_from(["", "causal_top_left", "bshd", "post_bias", "none", "CAUSAL", "No_Mask", "thd"])
+JUNK = st.sampled_from([None, True, 3, -1, 2**40, 1.5, float("nan"), "", "x", [], [1, 2], (1,), {}, b"q",
+                        torch.bfloat16, torch.int32, object()])  # fmt: skip
+
+
+def _junk_tensor() -> st.SearchStrategy:
+    """Small tensors of every kind that is wrong somewhere: dtypes, ranks, devices."""
+    return st.sampled_from([
+        torch.zeros(()), torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int64), torch.zeros(2, 2),
+        torch.zeros(0, dtype=torch.int32), torch.zeros(3, dtype=torch.int32, device="meta"),
+        torch.zeros(2, 4, 2, 8, dtype=torch.bfloat16), torch.zeros(4, 2, 8, dtype=torch.float16),
+        torch.zeros(1, dtype=torch.float32), torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16).to_sparse(),
+        torch.nested.nested_tensor([torch.zeros(16, 4, 64), torch.zeros(8, 4, 64)], layout=torch.jagged),
+    ])  # fmt: skip
+
+
+def _rarely(draw, percent: float) -> bool:
+    """True in about ``percent`` % of draws (shrinks to False: towards the well-formed call)."""
+    n = round(percent * 10)
+    return draw(st.sampled_from((False,) * (1000 - n) + (True,) * n))  # hypothesis favours small integers
+
+
+def _maybe(draw, good: Any, bad: st.SearchStrategy, percent: float = 2) -> Any:
+    """``good``, or in about ``percent`` % of draws something from ``bad``."""
+    return draw(bad) if _rarely(draw, percent) else good
+
+
+def _side_shape(fmt: QKVFormat, b: int, s: int, h: int, d: int, tokens: int) -> tuple[int, ...]:
+    return {QKVFormat.sbhd: (s, b, h, d), QKVFormat.bshd: (b, s, h, d), QKVFormat.bhsd: (b, h, s, d),
+            QKVFormat.thd: (tokens, h, d)}[fmt]  # fmt: skip
+
+
+def _strided(draw, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``shape``: usually contiguous, sometimes a view with other strides (leading
+    dims allocated in another order, as a transposed bhsd tensor is; any dims permuted; a
+    padded last dim; an expanded stride-0 dim; a step-2 last dim)."""
+    style = draw(st.sampled_from(["lead", "permuted", "padded", "expanded", "step"])) if _rarely(draw, 15) else ""
+    if style in ("lead", "permuted") and len(shape) > 2:
+        n = len(shape) - (1 if style == "lead" else 0)
+        perm = list(draw(st.permutations(range(n)))) + list(range(n, len(shape)))
+        inverse = sorted(range(len(shape)), key=lambda i: perm[i])
+        return torch.empty([shape[i] for i in perm], dtype=dtype).permute(*inverse)
+    if style == "padded":
+        pad = draw(st.sampled_from([1, 4, 8, 16]))
+        return torch.empty((*shape[:-1], shape[-1] + pad), dtype=dtype)[..., : shape[-1]]
+    if style == "expanded" and len(shape) > 1:
+        dim = draw(st.integers(0, len(shape) - 2))
+        return torch.empty([1 if i == dim else n for i, n in enumerate(shape)], dtype=dtype).expand(*shape)
+    if style == "step":
+        return torch.empty((*shape[:-1], 2 * shape[-1]), dtype=dtype)[..., ::2]
+    return torch.empty(shape, dtype=dtype)
+
+
+def _cu(lengths: list[int]) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def _bad_cu(draw, b: int) -> Any:
+    """cu_seqlens that are wrong in one way: dtype, length, rank, device or type."""
+    kind = draw(st.sampled_from(["int64", "float", "short", "long", "2d", "meta", "list", "0d"]))
+    return {
+        "int64": lambda: torch.zeros(b + 1, dtype=torch.int64), "float": lambda: torch.zeros(b + 1),
+        "short": lambda: torch.zeros(b, dtype=torch.int32), "long": lambda: torch.zeros(b + 3, dtype=torch.int32),
+        "2d": lambda: torch.zeros(1, b + 1, dtype=torch.int32), "meta": lambda: torch.zeros(b + 1, dtype=torch.int32, device="meta"),
+        "list": lambda: list(range(b + 1)), "0d": lambda: torch.tensor(0, dtype=torch.int32),
+    }[kind]()  # fmt: skip
+
+
+def _packed(draw, lead: tuple[int, ...], group: QKVLayoutGroup, n: int, heads: int, d: int, dtype) -> tuple:
+    """Views of one packed buffer (``[..., n, h, d]`` or ``[..., h, n, d]``), as TE packs them."""
+    inner = (n, heads, d) if group in (QKVLayoutGroup.L_3HD, QKVLayoutGroup.L_HD_2HD) else (heads, n, d)
+    return packed_qkv_views(torch.empty((*lead, *inner), dtype=dtype), group)
+
+
+@st.composite
+def calls(draw) -> dict[str, Any]:
+    """Keyword arguments of a random ``fused_attn_fwd`` call: every argument is drawn
+    well-formed most of the time and malformed now and then (about three calls in four are
+    well-formed; hypothesis shrinks a failure towards the well-formed values)."""
+    max512 = _rarely(draw, 8)  # the shapes the max512 engine serves, asked for by name below
+    layout = draw(st.sampled_from(sorted(MAX512.caps.layouts) if max512 else LAYOUTS))
+    info = layout_info(layout)
+    ragged_q, ragged_kv = info.q_format == QKVFormat.thd, info.kv_format == QKVFormat.thd
+    dtype = draw(st.sampled_from(OTHER_DTYPES)) if _rarely(draw, 5) else draw(st.sampled_from(VALID_DTYPES))
+    is_training = draw(st.booleans()) and not (info.is_paged and not _rarely(draw, 20))  # paged: inference-only
+    b = 0 if _rarely(draw, 3) else draw(st.sampled_from([1, 2, 3]))
+    sq = 0 if _rarely(draw, 3) else draw(st.sampled_from([1, 2, 7, 16, 64, 128, 256]))
+    skv = sq if draw(st.booleans()) else draw(st.sampled_from([1, 16, 64, 100, 128, 512]))
+    skv = 0 if _rarely(draw, 3) else skv
+    h = draw(st.sampled_from([1, 2, 4, 3]))
+    hg = draw(st.sampled_from([d for d in (1, 2, 3, 4) if h % d == 0]))
+    hg = draw(st.sampled_from([2, 3, 4, 0])) if _rarely(draw, 3) else hg  # may not divide h
+    d_qk = draw(st.sampled_from([64, 128, 32, 16, 8, 72, 136, 256]))
+    d_v = d_qk if draw(st.booleans()) else draw(st.sampled_from([64, 128, 32]))
+    if _rarely(draw, 6):  # head dims cuDNN cannot take (rows not 16-byte multiples), too large, or 0
+        d_qk, d_v = draw(st.sampled_from([(7, 7), (12, 12), (4, 4), (64, 7), (24, 24), (264, 264), (0, 64), (64, 0)]))
+    if dtype in FP8_DTYPES and draw(st.booleans()):  # what Hopper's FP8 backward takes
+        d_qk = d_v = 128
+    if max512:
+        d_qk = d_v = 64
+        sq = skv = draw(st.sampled_from([64, 128, 256, 512]))
+        hg = h
+    if info.packs_qkv and not _rarely(draw, 10):  # what one packed buffer holds
+        skv, hg, d_v = sq, h, d_qk
+    if info.packs_kv and not _rarely(draw, 10):
+        d_v = d_qk
+    lens_q = draw(st.lists(st.integers(0, sq), min_size=b, max_size=b))
+    lens_kv = draw(st.lists(st.integers(0, skv), min_size=b, max_size=b))
+    tokens_q = b * sq if draw(st.booleans()) else sum(lens_q)  # THD: packed tight, or padded to full length
+    tokens_kv = b * skv if draw(st.booleans()) else sum(lens_kv)
+    q_fmt, kv_fmt = info.q_format, info.kv_format
+    kw: dict[str, Any] = {}
+
+    # ---- q, k, v (page pools and page tables for paged layouts)
+    lead_q = {QKVFormat.sbhd: (sq, b), QKVFormat.bshd: (b, sq), QKVFormat.thd: (tokens_q,), QKVFormat.bhsd: (b,)}[q_fmt]
+    lead_kv = {QKVFormat.sbhd: (skv, b), QKVFormat.bshd: (b, skv), QKVFormat.thd: (tokens_kv,), QKVFormat.bhsd: (b,)}[kv_fmt]
+    if info.is_paged:
+        page = draw(st.sampled_from([16, 64, 8]))
+        pages_per_seq = draw(st.integers(1, 3))
+        num_pages = b * pages_per_seq if not _rarely(draw, 10) else draw(st.sampled_from([1, 0]))
+        pool = (num_pages, page, hg) if kv_fmt == QKVFormat.bshd else (page, num_pages, hg)
+        q = _strided(draw, _side_shape(q_fmt, b, sq, h, d_qk, tokens_q), dtype)
+        k, v = _strided(draw, (*pool, d_qk), dtype), _strided(draw, (*pool, d_v), dtype)
+        table = torch.zeros(b, pages_per_seq, dtype=torch.int32)
+        bad_tables = st.sampled_from([torch.zeros(b, pages_per_seq, dtype=torch.int64), table.t(), None,
+                                      torch.zeros(b + 1, pages_per_seq, dtype=torch.int32), table[None], [[0]]])  # fmt: skip
+        kw["page_table_k"] = _maybe(draw, table, bad_tables, 8)
+        kw["page_table_v"] = _maybe(draw, table, bad_tables, 4)
+        skv = page * pages_per_seq if not _rarely(draw, 10) else draw(st.sampled_from([page, page * pages_per_seq + 1, 0]))
+        lens_kv = [min(n, skv) for n in lens_kv]
+    elif info.packs_qkv and q_fmt != QKVFormat.bhsd:
+        q, k, v = _packed(draw, lead_q, info.group, 3, h, d_qk, dtype)
+    else:
+        q = _strided(draw, _side_shape(q_fmt, b, sq, h, d_qk, tokens_q), dtype)
+        if info.packs_kv:
+            k, v = _packed(draw, lead_kv, info.group, 2, hg, d_qk, dtype)
+        else:
+            k = _strided(draw, _side_shape(kv_fmt, b, skv, hg, d_qk, tokens_kv), dtype)
+            v = _strided(draw, _side_shape(kv_fmt, b, skv, hg, d_v, tokens_kv), dtype)
+    if _rarely(draw, 4):  # one tensor of another dtype, device or rank
+        name = draw(st.sampled_from("qkv"))
+        t = {"q": q, "k": k, "v": v}[name]
+        bad = draw(st.sampled_from(["dtype", "meta", "rank", "sparse"]))
+        t = {"dtype": lambda: t.to(torch.float16 if dtype != torch.float16 else torch.bfloat16),
+             "meta": lambda: t.to("meta"), "rank": lambda: t.unsqueeze(0),
+             "sparse": lambda: torch.zeros(t.shape).to_sparse()}[bad]()  # fmt: skip
+        q, k, v = (t if n == name else x for n, x in zip("qkv", (q, k, v)))
+    kw.update(q=q, k=k, v=v)
+
+    # ---- the layout name (sometimes not the one the tensors have), mask, bias
+    kw["qkv_layout"] = _maybe(draw, layout.name, st.one_of(
+        st.just(layout.name.upper()), st.just(int(layout)), st.sampled_from(LAYOUTS).map(lambda other: other.name), BAD_NAMES, JUNK,
+    ), 6)  # fmt: skip
+    mask = draw(st.sampled_from(MASKS))
+    if (ragged_q or ragged_kv or info.is_paged) and not _rarely(draw, 15):
+        mask = draw(st.sampled_from(["padding", "padding_causal", "padding_causal_bottom_right"]))
+    mask = draw(st.sampled_from(["no_mask", "causal"])) if max512 else mask
+    kw["attn_mask_type"] = _maybe(draw, mask, st.one_of(BAD_NAMES, JUNK, st.just(7)))
+    bias_type = draw(st.sampled_from(["no_bias"] * 6 + ["post_scale_bias"] * 2 + ["alibi"]))
+    bias_type = "pre_scale_bias" if _rarely(draw, 2) else bias_type
+    kw["attn_bias_type"] = _maybe(draw, bias_type, st.one_of(BAD_NAMES, JUNK))
+    attn_bias = None
+    if bias_type in ("post_scale_bias", "pre_scale_bias") or _rarely(draw, 2):
+        shape = draw(st.sampled_from([(1, h, sq, skv), (1, 1, sq, skv), (b, 1, sq, skv), (b, h, sq, skv), (1, 1, 1, skv)]))
+        if _rarely(draw, 5):
+            shape = draw(st.sampled_from([(1, h, sq, skv + 1), (h, sq, skv), (1, h + 1, sq, skv)]))
+        bias_dtype = torch.float32 if _rarely(draw, 3) else dtype
+        attn_bias = _strided(draw, shape, bias_dtype) if bias_dtype.is_floating_point else None
+        attn_bias = _maybe(draw, attn_bias, JUNK, 2)
+    kw["attn_bias"] = attn_bias
+
+    # ---- lengths
+    good_q = max(max(lens_q, default=0), sq) if ragged_q else sq
+    kw["max_seqlen_q"] = _maybe(draw, good_q, st.sampled_from([sq + 1, -1, float(sq), None, "16"]), 4)
+    kw["max_seqlen_kv"] = _maybe(draw, skv, st.sampled_from([skv + 1, -1, float(skv), torch.tensor(skv)]), 4)
+    need_cu = AttnMaskType.coerce(mask).is_padding or ragged_q or ragged_kv or info.is_paged
+    for name, lens in (("cu_seqlens_q", lens_q), ("cu_seqlens_kv", lens_kv)):
+        good = _cu(lens) if need_cu or draw(st.booleans()) else None
+        kw[name] = _bad_cu(draw, b) if _rarely(draw, 3) else good
+    for name, s in (("cu_seqlens_q_padded", sq), ("cu_seqlens_kv_padded", skv)):
+        kind = "bad" if _rarely(draw, 2) else draw(st.sampled_from(["none"] * 6 + ["full"]))
+        kw[name] = None if kind == "none" else _cu([s] * b) if kind == "full" else _bad_cu(draw, b)
+
+    # ---- options
+    kw["is_training"] = _maybe(draw, is_training, st.sampled_from([1, 0, None, "yes", torch.tensor(True)]))
+    dropout = draw(st.sampled_from([0.0] * 3 + [0.1, 0.5])) if is_training and not max512 else 0.0
+    kw["dropout"] = _maybe(draw, dropout, st.sampled_from([0.1, -0.1, 1.0, 1.5, float("nan"), float("inf"), "0.1", True, None]), 3)
+    causal = AttnMaskType.coerce(mask).is_causal
+    window = draw(st.tuples(st.integers(-1, 70), st.sampled_from([-1, 0]) if causal else st.integers(-1, 70)))
+    window = window if draw(st.sampled_from([False] * 3 + [True])) and not max512 else (-1, -1)
+    kw["window_size"] = _maybe(draw, window, st.one_of(
+        st.tuples(st.integers(-3, 70), st.integers(-3, 70)),
+        st.sampled_from([5, None, (1, 2, 3), (1.5, 0), ("a", 0), (), torch.tensor([4, 0]), [8, 0]]),
+    ), 4)  # fmt: skip
+    kw["attn_scale"] = draw(st.sampled_from([None, None, None, 0.125, 1]))
+    kw["attn_scale"] = _maybe(draw, kw["attn_scale"], st.sampled_from([float("nan"), float("inf"), "0.1", torch.tensor(0.1)]))
+    kw["softmax_type"] = _maybe(draw, "vanilla", st.sampled_from(["off_by_one", "learnable", "softmax", None, 0]), 3)
+    kw["bottom_right_diagonal"] = draw(st.sampled_from([None] * 6 + [True, False]))
+    kw["bottom_right_diagonal"] = _maybe(draw, kw["bottom_right_diagonal"], st.sampled_from([1, "yes"]))
+    kw["qkv_dtype"] = draw(st.sampled_from([dtype, dtype, dtype, None]))
+    kw["qkv_dtype"] = _maybe(draw, kw["qkv_dtype"], st.sampled_from([torch.float16, torch.bfloat16, "bf16", 5, torch.zeros(1)]))
+    backend = _maybe(draw, None, st.sampled_from([FusedAttnBackend.F16_max512_seqlen, "F16_arbitrary_seqlen", "FP8"]), 8)
+    backend = FusedAttnBackend.F16_max512_seqlen if max512 and draw(st.booleans()) else backend
+    kw["fused_attention_backend"] = _maybe(draw, backend, st.sampled_from([-1, 3, "cudnn", 1.0, "No_Backend"]), 3)
+
+    # ---- FP8 metadata (needed by FP8 inputs, refused by F16 ones)
+    for name in FP8_FWD_NAMES:
+        table = torch.ones(16, dtype=torch.float32)
+        if dtype in FP8_DTYPES:
+            kw[name] = _maybe(draw, table, st.sampled_from([None, torch.ones(16, dtype=torch.float64), torch.ones(2, 8),
+                                                           torch.ones(2), table.to("meta"), [1.0]]))  # fmt: skip
+        else:
+            kw[name] = table if _rarely(draw, 1) else None
+        if _rarely(draw, 1):
+            kw[f"{name}_offset"] = draw(st.sampled_from([-1, 16, 99, 2.0, None, "2"]))
+    return kw
+
+
+_FWD_DEFAULTS = {n: p.default for n, p in inspect.signature(te_cudnn.fused_attn_fwd).parameters.items()}
+FWD_ORDER = ("is_training", "max_seqlen_q", "max_seqlen_kv", "cu_seqlens_q", "cu_seqlens_kv", "q", "k", "v", "qkv_dtype")
+
+
+def _describe(kw: dict[str, Any]) -> tuple[AttnConfig, Optional[FusedAttnBackend]]:
+    """What ``ops._prepare_fwd`` checks before it asks for a CUDA device, in its order."""
+    layout = QKVLayout.coerce(kw["qkv_layout"], argument="qkv_layout")
+    forced = _coerce_backend(kw["fused_attention_backend"])
+    cfg = describe_fwd(
+        is_training=kw["is_training"], max_seqlen_q=kw["max_seqlen_q"], max_seqlen_kv=kw["max_seqlen_kv"],
+        cu_seqlens_q=kw["cu_seqlens_q"], cu_seqlens_kv=kw["cu_seqlens_kv"], q=kw["q"], k=kw["k"], v=kw["v"],
+        qkv_dtype=kw["qkv_dtype"], attn_bias=kw["attn_bias"], attn_scale=kw["attn_scale"], dropout=kw["dropout"],
+        cu_seqlens_q_padded=kw["cu_seqlens_q_padded"], cu_seqlens_kv_padded=kw["cu_seqlens_kv_padded"],
+        page_table_k=kw.get("page_table_k"), page_table_v=kw.get("page_table_v"), qkv_layout=layout,
+        attn_bias_type=kw["attn_bias_type"], attn_mask_type=kw["attn_mask_type"], softmax_type=kw["softmax_type"],
+        window_size=kw["window_size"], bottom_right_diagonal=kw["bottom_right_diagonal"],
+    )  # fmt: skip
+    offsets = {n: kw.get(f"{n}_offset", _FWD_DEFAULTS[f"{n}_offset"]) for n in FP8_FWD_NAMES}
+    _check_no_fp8_args(cfg.dtype, kw["q"], offsets, **{n: kw.get(n) for n in FP8_FWD_NAMES})
+    return cfg, forced
+
+
+def _describe_and_build(kw: dict[str, Any]) -> str:
+    """Describe as ``ops._prepare_fwd`` does, select with the measured Hopper machine
+    standing in for the GPU, then the selected sub-backend builds and the real frontend
+    validates the graph (forward; and backward for a training call). Returns the outcome."""
+    cfg, forced = _describe(kw)
+    if cfg.empty:
+        # zero-size calls are answered without cuDNN: no sub-backend may build a graph for them
+        for backend in REGISTRY:
+            with pytest.raises(ValueError, match="empty"):
+                backend.build(cfg, Direction.FWD)
+        return "empty"
+    backend = select(cfg, HOPPER_CUDNN_919, forced, Direction.FWD)
+    note(f"selected {backend.name} for {cfg.summary()}")
+    how = _build_and_validate(backend, cfg, Direction.FWD)
+    if not cfg.is_training:
+        return f"{how}-{backend.name}-fwd"
+    bcfg = _describe_backward(cfg, kw, backend)
+    bwd_backend = select(bcfg, HOPPER_CUDNN_919, forced, Direction.BWD)
+    assert bwd_backend is backend, (backend, bwd_backend)  # the forward checked the backward's rules already
+    how = _build_and_validate(backend, bcfg, Direction.BWD)
+    return f"{how}-{backend.name}-fwd+bwd"
+
+
+def _build_and_validate(backend, cfg: AttnConfig, direction: Direction) -> str:
+    """Any exception here is a finding: the declarations accepted what cuDNN refuses. The
+    max512 sub-backend's generic graphs are validated by libcudnn itself, which a CPU-only
+    machine lacks: for them only that missing library may stop ``validate()`` (as in
+    test_max512_cpu.py)."""
+    try:
+        spec = backend.build(cfg, direction)
+        spec.graph.validate()
+    except Exception as err:  # noqa: BLE001 - reported with the configuration
+        text = f"{type(err).__name__}: {err}"
+        if backend is MAX512 and any(w in text for w in ("DynamicLibNotFound", "libcudnn", "driver library")):
+            return "up-to-libcudnn"
+        pytest.fail(f"{backend.name} accepted {cfg.summary()} but its {direction.value} graph failed: {text}")
+    assert spec.direction == direction and len(spec.uids) == len(set(spec.uids))
+    return "validated"
+
+
+def _describe_backward(cfg: AttnConfig, kw: dict[str, Any], backend) -> AttnConfig:
+    """describe_bwd with the results a forward on ``backend`` would have returned."""
+    q = kw["q"]
+    o = torch.empty((*q.shape[:-1], cfg.d_v), dtype=cfg.dtype)
+    if backend.caps.saves_softmax:
+        stats = torch.empty((cfg.b, cfg.h, cfg.sq, cfg.skv), dtype=cfg.dtype)
+    elif cfg.ragged_q:
+        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32)
+    else:
+        stats = torch.empty((cfg.b, cfg.h, cfg.sq, 1), dtype=torch.float32)
+    aux = [stats, torch.zeros(2, dtype=torch.int64)]
+    if cfg.bias_type == AttnBiasType.post_scale_bias:
+        aux.append(kw["attn_bias"])
+    bcfg, *_ = describe_bwd(cfg, q=q, o=o, d_o=torch.empty_like(o), aux_ctx_tensors=aux, deterministic=False)
+    return bcfg
+
+
+@seed(SEED)
+@settings(max_examples=1500 * _SCALE, **SETTINGS)
+@given(kw=calls())
+def test_random_calls_validate_or_name_the_argument(kw: dict[str, Any]) -> None:
+    """Describe -> select -> build -> frontend validate, or a typed error naming an argument."""
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    try:
+        outcome = _describe_and_build(kw)
+    except (TypeError, ValueError, UnsupportedConfigError) as err:
+        note(f"{type(err).__name__}: {err}")
+        outcome = check_error(err, "describe/select")
+        _check_root_cause(err, kw)
+    _record("random_calls", outcome)
+
+
+def _check_root_cause(err: BaseException, kw: dict[str, Any]) -> None:
+    """Errors report the cause, not a consequence: a stride complaint is never about a tensor
+    whose head dim cannot make 16-byte rows (d = 7 in bf16 makes every stride unaligned; that
+    is the head-dim rule's case, reported by the sub-backends as the head dims)."""
+    m = re.match(r"([qkv]) has shape \(([0-9, ]*)\) and strides", str(err))
+    if m:
+        head_dim = int(m.group(2).split(",")[-1])
+        assert head_dim * kw[m.group(1)].element_size() % 16 == 0, f"a head-dim problem reported as strides: {err}"
+
+
+@seed(SEED)
+@settings(max_examples=600 * _SCALE, **SETTINGS)
+@given(kw=calls(), positional=st.booleans())
+def test_public_forward_agrees_with_description(kw: dict[str, Any], positional: bool) -> None:
+    """``fused_attn_fwd`` on the same random call: on the CPU a well-formed call ends in the
+    ValueError asking for a CUDA device; a malformed one in the error the description gives."""
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    expected: Optional[BaseException] = None
+    try:
+        cfg, _ = _describe(kw)
+    except (TypeError, ValueError, UnsupportedConfigError) as err:
+        expected = err
+    call = dict(kw)
+    args = [call.pop(n) for n in FWD_ORDER] if positional else []
+    try:
+        te_cudnn.fused_attn_fwd(*args, **call)
+    except (TypeError, ValueError, UnsupportedConfigError) as err:
+        outcome = check_error(err, "fused_attn_fwd")
+        if expected is not None:
+            assert (type(err), str(err)) == (type(expected), str(expected))
+            _record("public_fwd", f"malformed-{outcome}")
+        else:
+            assert NEEDS_CUDA in str(err), f"describe accepted the call, fused_attn_fwd said: {err}"
+            _record("public_fwd", "well-formed-needs-cuda")
+        return
+    except Exception as err:  # noqa: BLE001
+        pytest.fail(f"fused_attn_fwd raised {type(err).__name__}: {err!r}")
+    # Only an empty call may return on the CPU (answered without cuDNN).
+    assert expected is None, f"fused_attn_fwd returned although the description raised {expected!r}"
+    assert cfg.empty, f"fused_attn_fwd returned on the CPU for {cfg.summary()}"
+    _record("public_fwd", "empty-returned")
+
+
+# ============================================================================ public functions, malformed
+B, S, H, D = 2, 16, 4, 64
+
+
+def _fwd_baseline(kind: str) -> dict[str, Any]:
+    """A well-formed fused_attn_fwd call on CPU tensors (it ends in the CUDA-device ValueError)."""
+    bf16 = torch.bfloat16
+    if kind == "thd":
+        cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+        q, k, v = (torch.zeros(B * S, H, D, dtype=bf16) for _ in range(3))
+        return dict(is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k, v=v,
+                    qkv_dtype=bf16, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal")  # fmt: skip
+    if kind == "packed":
+        q, k, v = torch.zeros(S, B, H, 3, D, dtype=bf16).unbind(-2)
+        return dict(is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None, q=q, k=k,
+                    v=v, qkv_dtype=bf16, qkv_layout="sbh3d", attn_mask_type="causal", dropout=0.1)  # fmt: skip
+    if kind in ("paged", "paged_thd"):  # decode: one query token per sequence, k/v in page pools
+        pool = torch.zeros(4, 16, 2, D, dtype=bf16)
+        table = torch.zeros(B, 2, dtype=torch.int32)
+        cu_q, cu_kv = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 20, 32], dtype=torch.int32)
+        thd = kind == "paged_thd"
+        return dict(is_training=False, max_seqlen_q=1, max_seqlen_kv=32, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                    q=torch.zeros(*((B,) if thd else (B, 1)), H, D, dtype=bf16), k=pool, v=pool.clone(), qkv_dtype=bf16,
+                    qkv_layout=f"paged_kv_{'thd' if thd else 'bshd'}_bshd_bshd", attn_mask_type="padding",
+                    page_table_k=table, page_table_v=table)  # fmt: skip
+    if kind == "fp8":
+        e4m3 = FP8_DTYPES[0]
+        q, k, v = (torch.zeros(B, S, H, 128, dtype=e4m3) for _ in range(3))
+        meta = {n: torch.ones(16) for n in FP8_FWD_NAMES}
+        return dict(is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None, q=q, k=k,
+                    v=v, qkv_dtype=e4m3, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal", **meta)  # fmt: skip
+    q, k, v = (torch.zeros(B, S, H, D, dtype=bf16) for _ in range(3))
+    return dict(is_training=True, max_seqlen_q=S, max_seqlen_kv=S, cu_seqlens_q=None, cu_seqlens_kv=None, q=q, k=k, v=v,
+                qkv_dtype=bf16, qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask",
+                attn_bias_type="post_scale_bias", attn_bias=torch.zeros(1, H, S, S, dtype=bf16))  # fmt: skip
+
+
+BASELINES = ["dense", "thd", "packed", "paged", "paged_thd", "fp8"]
+#: Values that are wrong for most arguments, and plausible-but-wrong ones.
+ANY_VALUE = st.one_of(JUNK, _junk_tensor(), BAD_NAMES, st.integers(-5, 600), st.sampled_from(
+    [float("inf"), -0.0, 0.5, (8, 0), [-1, -1], torch.Generator(), torch.float8_e4m3fn, "bshd_bshd_bshd", "causal",
+     "post_scale_bias", "F16_arbitrary_seqlen", torch.zeros(B, H, S, 1), torch.zeros(2, dtype=torch.int64)]))  # fmt: skip
+
+
+def _call(fn, order: tuple[str, ...], kw: dict[str, Any], positional: int) -> Any:
+    """``fn`` with the first ``positional`` arguments of ``order`` passed by position."""
+    kw = dict(kw)
+    args = []
+    for name in order[:positional]:
+        if name not in kw:
+            break
+        args.append(kw.pop(name))
+    return fn(*args, **kw)
+
+
+def _expect_named_error(fn, where: str, test: str, *args, **kwargs) -> Optional[BaseException]:
+    """Call ``fn``; a returned result or the CUDA-device ValueError means the call was accepted."""
+    try:
+        fn(*args, **kwargs)
+    except (TypeError, ValueError, UnsupportedConfigError) as err:
+        if NEEDS_CUDA in str(err):
+            _record(test, "accepted-needs-cuda")
+            return None
+        _record(test, check_error(err, where))
+        return err
+    except Exception as err:  # noqa: BLE001
+        pytest.fail(f"{where} raised {type(err).__name__}: {err!r}")
+    _record(test, "returned")
+    return None
+
+
+@seed(SEED)
+@settings(max_examples=1000 * _SCALE, **SETTINGS)
+@given(kind=st.sampled_from(BASELINES), changes=st.dictionaries(st.sampled_from(FWD_NAMES), ANY_VALUE, min_size=1, max_size=2),
+       positional=st.integers(0, len(FWD_ORDER)))  # fmt: skip
+def test_public_forward_with_malformed_arguments(kind: str, changes: dict[str, Any], positional: int) -> None:
+    """One or two arguments of a well-formed call replaced by anything: accepted, or a typed
+    error; an error caused by a replaced argument names it."""
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    kw = {**_fwd_baseline(kind), **changes}
+    note(f"changed {sorted(changes)}")
+    err = _expect_named_error(lambda: _call(te_cudnn.fused_attn_fwd, FWD_ORDER, kw, positional), "fused_attn_fwd",
+                              "public_fwd_malformed")  # fmt: skip
+    if err is not None and len(changes) == 1 and not isinstance(err, UnsupportedConfigError):
+        (name,) = changes
+        assert _names(str(err), name), f"changing {name} to {changes[name]!r} gave an error that does not name it: {err}"
+
+
+def _names(message: str, name: str) -> bool:
+    """Whether ``message`` names argument ``name`` (or the tensor it describes)."""
+    related = {name, *RELATED.get(name, ())}
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", message) for n in related)
+
+
+#: An error caused by one argument may name its partner: a changed k is reported as
+#: "k ... but q ..." and a changed max_seqlen_q as "q holds ... positions".
+RELATED: dict[str, tuple[str, ...]] = {
+    "window_size_left": ("window_size",), "window_size_right": ("window_size",),  # explain reports the pair
+    # explain: sizes that no longer fit the given bias_shape
+    "max_seqlen_q": ("bias_shape",), "max_seqlen_kv": ("bias_shape",), "num_attn_heads": ("bias_shape",),
+    "batch_size": ("bias_shape",),
+}  # fmt: skip
+BWD_ORDER = ("max_seqlen_q", "max_seqlen_kv", "cu_seqlens_q", "cu_seqlens_kv", "q", "k", "v", "o", "d_o", "qkv_dtype",
+             "aux_ctx_tensors")  # fmt: skip
+
+
+def _bwd_baseline(kind: str) -> dict[str, Any]:
+    """A well-formed fused_attn_bwd call on CPU tensors (it ends in the CUDA-device ValueError)."""
+    kw = _fwd_baseline(kind)
+    kw.pop("is_training")
+    kw.pop("attn_bias", None)
+    q = kw["q"]
+    kw["o"], kw["d_o"] = torch.zeros_like(q), torch.zeros_like(q)
+    stats = torch.zeros(q.shape[0], H, 1) if kind == "thd" else torch.zeros(B, H, S, 1)
+    kw["aux_ctx_tensors"] = [stats, torch.zeros(2, dtype=torch.int64)]
+    if kind == "dense":
+        kw["aux_ctx_tensors"].append(torch.zeros(1, H, S, S, dtype=q.dtype))
+    if kind == "fp8":
+        for name in FP8_FWD_NAMES:
+            kw.pop(name)
+        kw.update({n: torch.ones(16) for n in FP8_BWD_NAMES})
+        kw["d_o"] = torch.zeros_like(q, dtype=torch.float8_e5m2)
+    return kw
+
+
+FP8_BWD_NAMES = ("d_scale_qkv", "d_scale_s", "d_scale_o", "d_scale_do", "d_scale_dp", "q_scale_s", "q_scale_dp",
+                 "q_scale_dqkv", "amax_dp", "amax_dqkv")  # fmt: skip
+
+
+@seed(SEED)
+@settings(max_examples=600 * _SCALE, **SETTINGS)
+@given(kind=st.sampled_from(["dense", "thd", "packed", "fp8"]),
+       changes=st.dictionaries(st.sampled_from(BWD_NAMES), ANY_VALUE, min_size=1, max_size=2),
+       positional=st.integers(0, len(BWD_ORDER)))  # fmt: skip
+def test_public_backward_with_malformed_arguments(kind: str, changes: dict[str, Any], positional: int) -> None:
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    kw = {**_bwd_baseline(kind), **changes}
+    note(f"changed {sorted(changes)}")
+    err = _expect_named_error(lambda: _call(te_cudnn.fused_attn_bwd, BWD_ORDER, kw, positional), "fused_attn_bwd",
+                              "public_bwd_malformed")  # fmt: skip
+    if err is not None and len(changes) == 1 and not isinstance(err, UnsupportedConfigError):
+        (name,) = changes
+        assert _names(str(err), name), f"changing {name} to {changes[name]!r} gave an error that does not name it: {err}"
+
+
+EXPLAIN_ORDER = EXPLAIN_NAMES[:19]  # TE's get_fused_attn_backend arguments; the rest are keyword-only
+
+
+def _explain_baseline(bias: bool) -> dict[str, Any]:
+    return dict(is_training=True, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, qkv_layout="bshd_bshd_bshd",
+                attn_bias_type="post_scale_bias" if bias else "no_bias", bias_shape=(1, 16, 512, 512) if bias else None,
+                attn_mask_type="causal", softmax_type="vanilla", dropout=0.0, num_attn_heads=16,
+                num_gqa_groups=4, max_seqlen_q=512, max_seqlen_kv=512, head_dim_qk=128, head_dim_v=128,
+                window_size_left=-1, window_size_right=-1, return_max_logit=False, cuda_graph=False, deterministic=False,
+                batch_size=2, env=HOPPER_CUDNN_919)  # fmt: skip
+
+
+@seed(SEED)
+@settings(max_examples=600 * _SCALE, **SETTINGS)
+@given(changes=st.dictionaries(st.sampled_from([n for n in EXPLAIN_NAMES if n != "env"]), ANY_VALUE, min_size=1, max_size=2),
+       positional=st.integers(0, len(EXPLAIN_ORDER)), bias=st.booleans())  # fmt: skip
+def test_explain_with_malformed_arguments(changes: dict[str, Any], positional: int, bias: bool) -> None:
+    """explain answers with every sub-backend's reasons (never UnsupportedConfigError), or a
+    typed error naming the argument."""
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    kw = {**_explain_baseline(bias), **changes}
+    note(f"changed {sorted(changes)}")
+    try:
+        ex = _call(te_cudnn.explain, EXPLAIN_ORDER, kw, positional)
+    except (TypeError, ValueError) as err:
+        outcome = check_error(err, "explain")
+        if len(changes) == 1:
+            (name,) = changes
+            assert _names(str(err), name), f"changing {name} to {changes[name]!r} gave an error that does not name it: {err}"
+        _record("explain_malformed", outcome)
+        return
+    assert set(ex.reasons) == {b.name for b in REGISTRY}
+    assert (ex.backend == FusedAttnBackend.No_Backend) == all(ex.reasons.values())
+    str(ex)  # printable
+    _record("explain_malformed", f"explained-{ex.backend.name}")
+
+
+@seed(SEED)
+@settings(max_examples=60 * _SCALE, **SETTINGS)
+@given(fn=st.sampled_from(["fwd", "bwd"]), kind=st.sampled_from(BASELINES[:3]), data=st.data())
+def test_a_missing_positional_argument_is_named(fn: str, kind: str, data) -> None:
+    """Leaving out one positional argument shifts the others (the common mistake of calling
+    fused_attn_fwd without is_training): the error names an argument, never a crash."""
+    note(f"replay with TE_CUDNN_PROPERTY_SEED={SEED}")
+    order, kw = (FWD_ORDER, _fwd_baseline(kind)) if fn == "fwd" else (BWD_ORDER, _bwd_baseline(kind))
+    order += ("fused_attention_backend",)  # as the README calls them: the backend (None) by position too
+    kw["fused_attention_backend"] = None
+    dropped = data.draw(st.sampled_from(order), label="dropped")
+    args = [kw.pop(n) for n in order]
+    del args[order.index(dropped)]
+    target = te_cudnn.fused_attn_fwd if fn == "fwd" else te_cudnn.fused_attn_bwd
+    err = _expect_named_error(lambda: target(*args, **kw), f"fused_attn_{fn}", "missing_positional")
+    if dropped not in ("qkv_dtype", "fused_attention_backend"):  # else None moved into an argument that takes None
+        assert err is not None, f"fused_attn_{fn} without {dropped} was accepted"
+    if fn == "fwd" and dropped == "is_training":
+        assert "is is_training missing?" in str(err), str(err)
