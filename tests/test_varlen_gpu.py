@@ -260,22 +260,3 @@ def test_paged_kv_inference(layout, sq, mask):
     rlp = attention_reference(q_dense(q), dense_k.to(q.dtype), dense_v.to(q.dtype), attn_mask_type=mask, seqlens_q=lq,
                               seqlens_kv=lkv, compute_dtype=q.dtype)  # fmt: skip
     check_close("O (paged)", q_dense(out), r32.out, rlp.out, torch.bfloat16)
-
-
-@pytest.mark.parametrize("layout,shape", [("thd_thd_thd", (300, 4, 64)), ("bshd_bshd_bshd", (3, 128, 4, 64))])
-def test_no_host_device_sync_on_the_call_path(layout, shape):
-    """With max_seqlen given, a cached varlen call never synchronises host and device."""
-    lengths = [100, 0, 128] if layout == "bshd_bshd_bshd" else [100, 72, 128]
-    cu = _cu(lengths)
-    q, k, v = (torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(3))
-    kw = dict(qkv_layout=layout, attn_mask_type="padding_causal")
-    out, aux = tc.fused_attn_fwd(True, 128, 128, cu, cu, q, k, v, q.dtype, None, **kw)  # builds, may sync
-    tc.fused_attn_bwd(128, 128, cu, cu, q, k, v, out, out, q.dtype, aux, None, **kw)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        out, aux = tc.fused_attn_fwd(True, 128, 128, cu, cu, q, k, v, q.dtype, None, **kw)
-        tc.fused_attn_bwd(128, 128, cu, cu, q, k, v, out, out, q.dtype, aux, None, **kw)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
