@@ -22,6 +22,8 @@ from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout
 from te_cudnn.layouts import CORE_LAYOUTS, get_qkv_layout, layout_info
 from te_cudnn.runtime import HOPPER_CUDNN_919
 
+from _rules import documented_reasons
+
 BACKEND = REGISTRY[0]
 assert isinstance(BACKEND, F16ArbitrarySeqlen)
 CAPS = BACKEND.caps
@@ -89,25 +91,9 @@ def _expected_uids(cfg, direction: Direction) -> set[int]:
 
 
 def _documented_reasons(layout, mask, bias, gqa, cross) -> list[str]:
-    """The reasons the F16 arbitrary sub-backend must give for a generated case (sm90, cuDNN
-    9.19, d = 64, sq = skv = 128 or, with ``cross``, sq = 64 < skv, training, no dropout or
-    window), written out from its documented cross-rules, independently of its code, in the
-    order it reports them."""
-    info = layout_info(layout)
-    why = []
-    if QKVFormat.thd in (info.q_format, info.kv_format) and not mask.is_padding:
-        why.append(f"qkv_layout={layout.name} (THD) needs a padding mask (padding, padding_causal or "
-                   f"padding_causal_bottom_right), got attn_mask_type={mask.name}")  # fmt: skip
-    if mask.is_padding and bias == AttnBiasType.post_scale_bias:
-        why.append(f"attn_mask_type={mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
-    if bias == AttnBiasType.alibi and (not mask.is_causal or mask.is_padding):
-        why.append(f"alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; "
-                   f"TransformerEngine does not fuse it with padding), got {mask.name}")  # fmt: skip
-    # bottom-right alignment is demoted to top-left when sq == skv without a padding mask
-    if mask.is_bottom_right and (cross or mask.is_padding) and bias != AttnBiasType.no_bias:
-        where = mask.name + ("" if mask.is_padding else " with sq != skv")
-        why.append(f"{where} cannot take attn_bias_type={bias.name}")
-    return why
+    """The reasons a generated case (sq = skv = 128 or, with ``cross``, sq = 64 < skv) must be
+    declined with: the documented cross-rules of tests/_rules.py."""
+    return documented_reasons(layout, mask, bias, 64 if cross else 128, 128)
 
 
 SERVED = [p for p in _cases() if not _documented_reasons(*p.values)]

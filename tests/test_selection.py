@@ -16,6 +16,8 @@ from te_cudnn.enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout
 from te_cudnn.layouts import CORE_LAYOUTS, layout_info
 from te_cudnn.runtime import HOPPER_CUDNN_919, RuntimeEnv
 
+from _rules import documented_reasons, is_ragged
+
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 ARB, M512, F8 = "F16_arbitrary_seqlen", "F16_max512_seqlen", "FP8"
@@ -285,30 +287,6 @@ SHAPES_ONLY = frozenset(CORE_LAYOUTS)
 PAGED = frozenset(l for l in QKVLayout if layout_info(l).is_paged)
 
 
-def _is_ragged(layout: QKVLayout) -> bool:
-    info = layout_info(layout)
-    return QKVFormat.thd in (info.q_format, info.kv_format)
-
-
-def _documented_reasons(layout: QKVLayout, mask: AttnMaskType, bias: AttnBiasType, sq: int, skv: int) -> list[str]:
-    """The F16 arbitrary cross-rules (spec §6) that apply to a declared layout x mask x bias
-    (sm90, cuDNN 9.19, MHA, d=64, training without dropout or window), in the order given."""
-    why = []
-    if _is_ragged(layout) and not mask.is_padding:
-        why.append(f"qkv_layout={layout.name} (THD) needs a padding mask (padding, padding_causal or "
-                   f"padding_causal_bottom_right), got attn_mask_type={mask.name}")  # fmt: skip
-    if mask.is_padding and bias == AttnBiasType.post_scale_bias:
-        why.append(f"attn_mask_type={mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
-    if bias == AttnBiasType.alibi and (not mask.is_causal or mask.is_padding):
-        why.append(f"alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; "
-                   f"TransformerEngine does not fuse it with padding), got {mask.name}")  # fmt: skip
-    # bottom-right is demoted to top-left only when sq == skv and no padding mask is used
-    if mask.is_bottom_right and (sq != skv or mask.is_padding) and bias != AttnBiasType.no_bias:
-        where = mask.name + ("" if mask.is_padding else " with sq != skv")
-        why.append(f"{where} cannot take attn_bias_type={bias.name}")
-    return why
-
-
 def _generated_cases(layouts):
     """Declared layout x mask x bias, self- and (where q is not packed with k/v) cross-attention."""
     for layout, mask, bias in itertools.product(sorted(layouts), sorted(CAPS.masks), sorted(CAPS.bias_types)):
@@ -323,7 +301,7 @@ def _generated_cases(layouts):
 def test_declared_combination(layout, mask, bias, sq, skv) -> None:
     ex = te_cudnn.explain(True, BF16, BF16, layout, bias, mask, "vanilla", 0.0, 8, 8, sq, skv, 64, 64,
                           batch_size=2, env=HOPPER_CUDNN_919)  # fmt: skip
-    expected = _documented_reasons(layout, mask, bias, sq, skv)
+    expected = documented_reasons(layout, mask, bias, sq, skv)
     assert ex.reasons[ARB] == expected
     assert ex.backend is (FusedAttnBackend.No_Backend if expected else FusedAttnBackend.F16_arbitrary_seqlen)
 
@@ -337,7 +315,7 @@ def _describe_from_tensors(layout: QKVLayout, mask: AttnMaskType, bias: AttnBias
     """describe_fwd on CPU tensors of a non-packed layout (b sequences of full length)."""
     info = layout_info(layout)
     q, k, v = _side(info.q_format, b, sq, h, 64), _side(info.kv_format, b, skv, h, 64), _side(info.kv_format, b, skv, h, 64)
-    need_cu = mask.is_padding or _is_ragged(layout)
+    need_cu = mask.is_padding or is_ragged(layout)
     cu_q = torch.arange(b + 1, dtype=torch.int32) * sq if need_cu else None
     cu_kv = torch.arange(b + 1, dtype=torch.int32) * skv if need_cu else None
     attn_bias = torch.zeros(1, h, sq, skv, dtype=BF16) if bias == AttnBiasType.post_scale_bias else None
@@ -355,7 +333,7 @@ def test_declared_mixed_combination(layout, mask, bias, sq, skv) -> None:
     assert (cfg.ragged_q, cfg.ragged_kv) == (info.q_format == QKVFormat.thd, False)
     assert cfg.b == 2  # a dense k/v side fixes the batch: it is not bucketed
     explained = explain_config(cfg, HOPPER_CUDNN_919)
-    expected = _documented_reasons(layout, mask, bias, sq, skv)
+    expected = documented_reasons(layout, mask, bias, sq, skv)
     assert explained[FusedAttnBackend.F16_arbitrary_seqlen] == expected
     assert explained[FusedAttnBackend.F16_max512_seqlen] and explained[FusedAttnBackend.FP8]
     if not expected:
@@ -375,8 +353,8 @@ def test_generated_cases_cover_the_declaration() -> None:
     # 15 core layouts, 9 of them not packing q with k/v (cross case); 4 mixed layouts, none packing
     assert len(core) == 15 * 6 * 3 + 9 * 6 * 3
     assert len(mixed) == 4 * 6 * 3 * 2
-    served = [p for p in _generated_cases(CAPS.layouts & SHAPES_ONLY) if not _documented_reasons(*p.values)]
-    assert any(_is_ragged(p.values[0]) for p in served)  # THD layouts are actually served
+    served = [p for p in _generated_cases(CAPS.layouts & SHAPES_ONLY) if not documented_reasons(*p.values)]
+    assert any(is_ragged(p.values[0]) for p in served)  # THD layouts are actually served
 
 
 # ----------------------------------------------------------------------------- head dims and rows of 16 bytes
