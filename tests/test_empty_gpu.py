@@ -48,12 +48,18 @@ def _check_fwd_bwd(q, k, v, sq, skv, cu_q, cu_kv, layout, mask, d_v=None, **kw):
     return out, aux, (dq, dk, dv, dbias)
 
 
-@pytest.mark.parametrize("layout", DENSE)
-@pytest.mark.parametrize("mask", ["no_mask", "causal", "padding"])
-@pytest.mark.parametrize("b,sq,skv", [(0, 64, 64), (2, 0, 0), (2, 64, 0), (2, 0, 64)], ids=["b0", "s0", "skv0", "sq0"])
+def _dense_cases():
+    sizes = {"b0": (0, 64, 64), "s0": (2, 0, 0), "skv0": (2, 64, 0), "sq0": (2, 0, 64)}
+    for layout in DENSE:
+        for mask in ("no_mask", "causal", "padding"):
+            for name, (b, sq, skv) in sizes.items():
+                if layout in ("bs3hd", "sbh3d") and sq != skv:
+                    continue  # packed q, k, v share one sequence length
+                yield pytest.param(layout, mask, b, sq, skv, id=f"{layout}-{mask}-{name}")
+
+
+@pytest.mark.parametrize("layout,mask,b,sq,skv", list(_dense_cases()))
 def test_dense_zero_size(layout, mask, b, sq, skv):
-    if layout in ("bs3hd", "sbh3d") and sq != skv:
-        pytest.skip("packed q, k, v share one sequence length")
     q, k, v = make_qkv(QKVLayout[layout], b, 4, 4, sq, skv, 64)
     out, aux, _ = _check_fwd_bwd(q, k, v, sq, skv, _cu([sq] * b), _cu([skv] * b), layout, mask)
     assert aux[0].shape == (b, 4, sq, 1)
