@@ -485,6 +485,7 @@ def _no_sync_case(name: str) -> Callable[[], object]:
     return call
 
 
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")
 @pytest.mark.parametrize("name", ["dense", "inference", "bias", "bias-unaligned", "padding", "thd", "dropout", "max512"])
 def test_cached_calls_never_wait_for_the_gpu(name):
     """With a 300 ms GPU sleep queued on the current stream, 10 cached forward + backward calls

@@ -27,7 +27,7 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def rmse_range(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     return float((a - b).pow(2).mean().sqrt() / (b.max() - b.min()).clamp_min(1e-12))
 
 

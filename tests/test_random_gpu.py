@@ -44,6 +44,8 @@ from te_cudnn.layouts import layout_info, packed_qkv_views
 from te_cudnn.reference import attention_reference, attention_reference_fp8
 from te_cudnn.testing import TOLERANCES, check_close, to_bhsd
 
+from test_fp8_gpu import rmse_range  # the FP8 tests' metric: RMSE over the reference's range
+
 pytestmark = pytest.mark.gpu
 
 SEED_ENV, CASES_ENV = "TE_CUDNN_TEST_SEED", "TE_CUDNN_TEST_CASES"
@@ -603,11 +605,6 @@ def run_paged(case: Case) -> None:
     rlp = attention_reference(*(t.to(case.dtype) for t in dense), attn_mask_type=case.mask, compute_dtype=case.dtype,
                               **lens)  # fmt: skip
     _compare("O (paged)", qs.to_dense(out), r32.out, rlp.out, case.dtype)
-
-
-def rmse_range(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).pow(2).mean().sqrt() / (b.max() - b.min()).clamp_min(1e-12))
 
 
 def run_fp8(case: Case) -> None:
