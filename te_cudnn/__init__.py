@@ -10,6 +10,7 @@ same semantics.
 
 from .autograd import AttnOptions, Fp8FusedAttnFunc, FusedAttnFunc, fp8_attention, fused_attention
 from .fp8 import Fp8AttentionMeta
+from .module import DotProductAttention
 from .enums import (
     BACKEND_F16arb_ELTS_PER_THREADS,
     BACKEND_FP8_THREADS_PER_CTA,
@@ -28,7 +29,7 @@ from .enums import (
     QKVLayout,
     SoftmaxType,
 )
-from .errors import GraphBuildError, TeCudnnError, UnsupportedConfigError
+from .errors import CaptureMissError, GraphBuildError, TeCudnnError, UnsupportedConfigError
 from .layouts import get_qkv_layout
 from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
 from .plans import plan_cache
@@ -38,9 +39,9 @@ __version__ = "0.1.0"
 __all__ = [
     "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",
     "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache",
-    "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention",
+    "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention", "DotProductAttention",
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
     "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
     "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",
-    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "__version__",
+    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CaptureMissError", "__version__",
 ]  # fmt: skip

@@ -10,15 +10,17 @@ over expanded or transposed gradients.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Optional
 
 import torch
 
+from . import torch_ops
 from .enums import FusedAttnBackend
 from .ops import fused_attn_bwd, fused_attn_fwd
+from .torch_ops import _is_compiling, use_custom_ops
 
-__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "Fp8FusedAttnFunc", "fp8_attention"]
+__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "attend", "Fp8FusedAttnFunc", "fp8_attention"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ _FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is
 _FP8_OPTIONS = ("qkv_layout", "attn_mask_type", "attn_scale", "deterministic", "fused_attention_backend")
 
 
+def _padded(options: AttnOptions) -> dict:
+    """THD token offsets (``cu_seqlens_*_padded``) the module passes through ``extra``."""
+    padded = options.extra.get("cu_seqlens_padded")
+    return {} if padded is None else {"cu_seqlens_q_padded": padded[0], "cu_seqlens_kv_padded": padded[1]}
+
+
 class FusedAttnFunc(torch.autograd.Function):
     """``out = FusedAttnFunc.apply(is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q,
     cu_seqlens_kv, q, k, v, attn_bias, rng_gen, options)``; differentiable in q, k, v and a
@@ -99,6 +107,7 @@ class FusedAttnFunc(torch.autograd.Function):
             dropout=options.dropout, qkv_layout=options.qkv_layout, attn_bias_type=options.attn_bias_type,
             attn_mask_type=options.attn_mask_type, softmax_type=options.softmax_type,
             window_size=options.window_size, bottom_right_diagonal=options.bottom_right_diagonal, rng_gen=rng_gen,
+            **_padded(options),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, *aux)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_kv)
@@ -114,6 +123,7 @@ class FusedAttnFunc(torch.autograd.Function):
             o.fused_attention_backend, attn_scale=o.attn_scale, dropout=o.dropout, qkv_layout=o.qkv_layout,
             attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type, softmax_type=o.softmax_type,
             window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal, deterministic=o.deterministic,
+            **_padded(o),
         )  # fmt: skip
         return None, None, None, None, None, dq, dk, dv, dbias, None, None
 
@@ -144,8 +154,31 @@ def fused_attention(
     s_dim = 0 if info.q_format == QKVFormat.sbhd else 1
     if is_training is None:
         is_training = torch.is_grad_enabled()
+    return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[s_dim], k.shape[s_dim], is_training,
+                  rng_gen, opts)  # fmt: skip
+
+
+def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training, rng_gen,
+           opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None) -> torch.Tensor:  # fmt: skip
+    """The one dispatch point of the differentiable F16 attention (``fused_attention``, the
+    module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph,
+    :class:`FusedAttnFunc` over the plans in eager mode."""
+    if use_custom_ops():
+        if rng_gen is not None and _is_compiling():
+            raise TypeError("rng_gen is not supported under torch.compile (dropout draws from the default CUDA "
+                            "generator there); pass rng_gen=None")  # fmt: skip
+        return torch_ops.attention(
+            q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training,
+            qkv_layout=opts.qkv_layout, attn_mask_type=opts.attn_mask_type, attn_bias_type=opts.attn_bias_type,
+            attn_scale=opts.attn_scale, dropout=opts.dropout, window_size=opts.window_size,
+            bottom_right_diagonal=opts.bottom_right_diagonal, backend=opts.fused_attention_backend,
+            softmax_type=opts.softmax_type, deterministic=opts.deterministic, cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, rng_gen=rng_gen,
+        )  # fmt: skip
+    if cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None:
+        opts = replace(opts, extra={**opts.extra, "cu_seqlens_padded": (cu_seqlens_q_padded, cu_seqlens_kv_padded)})
     return FusedAttnFunc.apply(
-        is_training, q.shape[s_dim], k.shape[s_dim], cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts
+        is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts
     )
 
 
@@ -193,4 +226,16 @@ def fp8_attention(q, k, v, meta, *, cu_seqlens_q=None, cu_seqlens_kv=None, **opt
 
     info = layout_info(QKVLayout.coerce(opts.qkv_layout, argument="qkv_layout"))
     s_dim = 0 if info.q_format == QKVFormat.sbhd else 1
-    return Fp8FusedAttnFunc.apply(q, k, v, meta, q.shape[s_dim], k.shape[s_dim], cu_seqlens_q, cu_seqlens_kv, opts)
+    return attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, q.shape[s_dim], k.shape[s_dim], opts)
+
+
+def attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, opts: AttnOptions) -> torch.Tensor:
+    """FP8 counterpart of :func:`attend`: ``te_cudnn::fp8_fwd`` when compiling or capturing,
+    :class:`Fp8FusedAttnFunc` in eager mode."""
+    if use_custom_ops():
+        return torch_ops.fp8_attention(
+            q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, qkv_layout=opts.qkv_layout,
+            attn_mask_type=opts.attn_mask_type, attn_scale=opts.attn_scale, backend=opts.fused_attention_backend,
+            deterministic=opts.deterministic,
+        )  # fmt: skip
+    return Fp8FusedAttnFunc.apply(q, k, v, meta, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, opts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CudnnUnavailableError"]
+__all__ = ["TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CudnnUnavailableError", "CaptureMissError"]
 
 
 class TeCudnnError(Exception):
@@ -56,3 +56,19 @@ class GraphBuildError(TeCudnnError):
 
 class CudnnUnavailableError(TeCudnnError, RuntimeError):
     """Execution was requested where no CUDA device or libcudnn is available."""
+
+
+class CaptureMissError(TeCudnnError, RuntimeError):
+    """A call inside CUDA-graph capture needs a plan (or a call signature) that is not ready.
+
+    Building a cuDNN plan and preparing a new call signature copy small tensors to the GPU and
+    may synchronize, which a capture forbids. Run the same step once eagerly (outside capture,
+    same shapes, strides and options) before capturing; ``torch.cuda.make_graphed_callables``
+    does this with its warm-up iterations."""
+
+    def __init__(self, what: str):
+        super().__init__(
+            f"te_cudnn: {what} during CUDA-graph capture. Run one eager step with the same shapes, strides and "
+            "options before capturing (torch.cuda.make_graphed_callables' warm-up does this), so the plan is "
+            "built and the call signature is known when the capture starts."
+        )

@@ -85,27 +85,19 @@ class Fp8AttentionMeta:
     def quantize(self, x: torch.Tensor, slot: str) -> torch.Tensor:
         """Cast ``x`` to FP8 with the slot's scale, recording its amax for the next update."""
         table, index, fmt = self._slot(slot)
-        current = table.amax_history[0, index : index + 1]
-        torch.maximum(current, x.detach().abs().amax().float().view(1), out=current)
-        return (x.float() * table.scale[index]).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(fmt)
+        return quantize(x, table, index, fmt)
 
     def dequantize(self, x8: torch.Tensor, slot: str) -> torch.Tensor:
         table, index, _ = self._slot(slot)
-        return x8.float() * table.scale_inv[index]
+        return dequantize(x8, table, index)
 
     def fwd_kwargs(self) -> dict:
         """The FP8 arguments of ``fused_attn_fwd`` (TE's explicit-tensor interface)."""
-        f = self.fwd
-        amax = f.amax_history[0]
-        return dict(d_scale_qkv=f.scale_inv, d_scale_s=f.scale_inv, q_scale_s=f.scale, q_scale_o=f.scale,
-                    amax_s=amax, amax_o=amax)  # fmt: skip
+        return fwd_kwargs(self.fwd)
 
     def bwd_kwargs(self) -> dict:
         """The FP8 arguments of ``fused_attn_bwd``."""
-        f, b = self.fwd, self.bwd
-        return dict(d_scale_qkv=f.scale_inv, d_scale_s=f.scale_inv, d_scale_o=f.scale_inv, d_scale_do=b.scale_inv,
-                    d_scale_dp=b.scale_inv, q_scale_s=f.scale, q_scale_dp=b.scale, q_scale_dqkv=b.scale,
-                    amax_dp=b.amax_history[0], amax_dqkv=b.amax_history[0])  # fmt: skip
+        return bwd_kwargs(self.fwd, self.bwd)
 
     @torch.no_grad()
     def update(self) -> None:
@@ -122,3 +114,32 @@ class Fp8AttentionMeta:
             table.scale_inv.copy_(1.0 / table.scale)
             table.amax_history.copy_(torch.roll(table.amax_history, -1, dims=0))
             table.amax_history[0].zero_()
+
+
+# Table-level functions: the methods above and te_cudnn's FP8 custom ops (which receive the
+# tables' tensors, not the Python object) share them.
+
+
+def quantize(x: torch.Tensor, table: Fp8Table, index: int, fmt: torch.dtype) -> torch.Tensor:
+    """``x`` cast to ``fmt`` with ``table.scale[index]`` (saturating), in ``x``'s strides; the
+    amax of ``x`` is folded into ``table.amax_history[0, index]``."""
+    current = table.amax_history[0, index : index + 1]
+    current.copy_(torch.maximum(current, x.detach().abs().amax().float().view(1)))
+    x8 = torch.empty_like(x, dtype=fmt)
+    return x8.copy_((x.float() * table.scale[index]).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]))
+
+
+def dequantize(x8: torch.Tensor, table: Fp8Table, index: int) -> torch.Tensor:
+    return x8.float() * table.scale_inv[index]
+
+
+def fwd_kwargs(f: Fp8Table) -> dict:
+    amax = f.amax_history[0]
+    return dict(d_scale_qkv=f.scale_inv, d_scale_s=f.scale_inv, q_scale_s=f.scale, q_scale_o=f.scale,
+                amax_s=amax, amax_o=amax)  # fmt: skip
+
+
+def bwd_kwargs(f: Fp8Table, b: Fp8Table) -> dict:
+    return dict(d_scale_qkv=f.scale_inv, d_scale_s=f.scale_inv, d_scale_o=f.scale_inv, d_scale_do=b.scale_inv,
+                d_scale_dp=b.scale_inv, q_scale_s=f.scale, q_scale_dp=b.scale, q_scale_dqkv=b.scale,
+                amax_dp=b.amax_history[0], amax_dqkv=b.amax_history[0])  # fmt: skip

@@ -20,6 +20,7 @@ import torch
 from .backends import BY_ENUM, Direction, SubBackend, explain_config, select
 from .config import AttnConfig, _check_cu_seqlens, _value, describe_bwd, describe_fwd, describe_shapes
 from .empty import empty_bwd, empty_fwd
+from .errors import CaptureMissError
 from .enums import (
     META_DO,
     META_DP,
@@ -77,6 +78,8 @@ class _Prepared:
         """The cached plan: a hit when still cached, a lookup or build after eviction."""
         plan = self.plan
         if plan is None or not plan_cache.hit(plan):
+            if _is_capturing():
+                raise CaptureMissError(f"the plan for {self.cfg.summary()} is not in the plan cache (evicted or never built)")
             backend, cfg, device = self.backend, self.cfg, self.device.index
             with torch.cuda.device(device):  # build / deserialize in the tensors' device's context
                 plan = self.plan = plan_cache.get_or_build(
@@ -302,8 +305,8 @@ def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Ten
             state = _zero_rng[device] = torch.zeros(2, dtype=torch.int64, device=prep.device)
         return state
     gen = rng_gen if rng_gen is not None else torch.cuda.default_generators[device]
-    if torch.cuda.is_current_stream_capturing():
-        raise ValueError("dropout inside CUDA-graph capture is not supported yet: the Philox state is read on the host")
+    if _is_capturing():
+        return _device_rng_state(prep.device, gen)
     seed = gen.initial_seed()
     with _rng_lock:  # read-and-advance as one step: two threads never draw the same offset
         offset = gen.get_offset()
@@ -311,6 +314,27 @@ def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Ten
     if seed >= 1 << 63:  # the uint64 seed travels bit-for-bit in an int64 tensor
         seed -= 1 << 64
     return torch.tensor([seed, offset], dtype=torch.int64).to(prep.device, non_blocking=True)
+
+
+#: Seeds and offsets drawn on the device stay below 2**62 (offsets well away from wrapping).
+_DEVICE_RNG_BOUND = 1 << 62
+
+
+def _device_rng_state(device: torch.device, gen: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A fresh [seed, offset] drawn by a torch RNG kernel on the device: graph-safe (inside a
+    CUDA-graph capture every replay draws new values from the generator's graph-safe Philox
+    state, so every replay gets a fresh dropout mask) and traceable by torch.compile. The
+    backward reads the same tensor, so it replays the forward's mask. A generator other than
+    the default must be registered with the graph (``CUDAGraph.register_generator_state``)."""
+    return torch.randint(0, _DEVICE_RNG_BOUND, (2,), dtype=torch.int64, device=device, generator=gen)
+
+
+def _check_rng_state(rng_state: Any, device: torch.device) -> None:
+    if not isinstance(rng_state, torch.Tensor):
+        raise TypeError(f"rng_state must be a torch.Tensor (int64 [2] = Philox seed, offset) or None, got {_value(rng_state)}")
+    if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,) or rng_state.device != device or rng_state.stride() != (1,):
+        raise ValueError(f"rng_state must be a contiguous int64 [2] tensor (Philox seed, offset) on {device}, got "
+                         f"{rng_state.dtype} {list(rng_state.shape)} stride {tuple(rng_state.stride())} on {rng_state.device}")  # fmt: skip
 
 
 def _seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -482,6 +506,7 @@ def fused_attn_fwd(
     *,
     out: Optional[torch.Tensor] = None,
     softmax_lse: Optional[torch.Tensor] = None,
+    rng_state: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
 
@@ -510,7 +535,14 @@ def fused_attn_fwd(
 
     Beyond TransformerEngine: keyword-only ``out`` and ``softmax_lse`` take preallocated,
     contiguous result tensors (for static buffers and CUDA graphs); they are written and
-    returned instead of new tensors.
+    returned instead of new tensors. Keyword-only ``rng_state`` (int64 ``[2]`` on the device:
+    Philox seed, offset) is used for dropout instead of drawing from ``rng_gen``, and returned
+    as ``aux_ctx_tensors[1]`` (te_cudnn's custom ops pass one drawn on the device).
+
+    CUDA graphs: inside a capture, dropout draws its seed and offset on the device from
+    ``rng_gen``'s graph-safe state, so every replay uses a fresh mask and the backward replays
+    the forward's. A call whose plan is not built yet raises :class:`CaptureMissError`: run
+    one eager step first.
 
     Zero-size calls (a batch, sequence or token count of 0, or a ``max_seqlen_*`` of 0) return
     results of the right shapes without calling cuDNN: ``out`` zeros, fp32 stats ``-inf``; the
@@ -599,7 +631,10 @@ def fused_attn_fwd(
     # graph declares each one's BHSD geometry; execute reads only their memory, so the
     # caller's tensors go in as they are (no permuted views: ~1.5 us each).
     buffers = [q, k, v, out, stats]
-    rng_state = _rng_state(prep, rng_gen)
+    if rng_state is None or not prep.rng_increment:
+        rng_state = _rng_state(prep, rng_gen)
+    else:
+        _check_rng_state(rng_state, prep.device)
     if attn_bias is not None:
         buffers.append(_aligned_bias(attn_bias, cfg) if cfg.bias_copy else attn_bias)
     if prep.rng_increment:
@@ -636,6 +671,8 @@ def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_sl
 
 def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
+    if _is_capturing():
+        raise CaptureMissError("a forward call signature seen for the first time (shapes, strides or options)")
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
     cfg = describe_fwd(
@@ -852,6 +889,8 @@ def _max512_bwd(prep: _Prepared, q, k, v, d_o, dq, dk, dv, aux) -> list[Optional
 
 
 def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
+    if _is_capturing():
+        raise CaptureMissError("a backward call signature seen for the first time (shapes, strides or options)")
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
     forced = _coerce_backend(a["fused_attention_backend"])
     aux = a["aux_ctx_tensors"]

@@ -1,0 +1,257 @@
+"""``te_cudnn.DotProductAttention``: TransformerEngine's attention module over te_cudnn's plans.
+
+The commonly used part of ``transformer_engine.pytorch.DotProductAttention``, with the same
+argument names and meanings; FP8 through an :class:`~te_cudnn.Fp8AttentionMeta`. In eager mode
+the module calls the cached plans directly; under ``torch.compile`` and CUDA-graph capture it
+goes through te_cudnn's custom operators (no graph break, dropout graph-safe).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from .autograd import AttnOptions, attend, attend_fp8
+from .enums import AttnMaskType, QKVFormat
+from .fp8 import Fp8AttentionMeta
+from .torch_ops import _is_compiling
+
+__all__ = ["DotProductAttention"]
+
+_FORMATS = ("sbhd", "bshd", "thd")
+_MASKS = tuple(m.name for m in AttnMaskType)
+_BIAS_TYPES = ("no_bias", "post_scale_bias", "alibi")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def _window(window_size: Optional[Sequence[int]], mask: str) -> tuple[int, int]:
+    """TE's meaning: None is unbounded ((-1, 0) under causal masks)."""
+    if window_size is None:
+        return (-1, 0) if "causal" in mask else (-1, -1)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be None or a (left, right) pair of ints, got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _cu_seqlens_from_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
+    """TE's ``get_cu_seqlens``: a padding mask ``[b, 1, 1, s]`` (True = padding, at the end of
+    each sequence) to int32 cumulative lengths ``[b + 1]``, on the device (no host sync)."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        raise ValueError(f"{name} must be a bool [b, 1, 1, s] padding mask (True = masked out), got "
+                         f"{mask.dtype} {list(mask.shape)}")  # fmt: skip
+    lengths = (~mask).view(mask.shape[0], mask.shape[3]).sum(dim=1, dtype=torch.int32)
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+class DotProductAttention(torch.nn.Module):
+    """Scaled dot-product attention over cuDNN's fused kernels (TransformerEngine's interface).
+
+    Args:
+        num_attention_heads: heads of the query, ``h``.
+        kv_channels: head dim ``d`` (or ``(d_qk, d_v)``).
+        num_gqa_groups: key/value heads ``hg`` (GQA/MQA); defaults to ``num_attention_heads``.
+        attention_dropout: dropout on the attention probabilities (applied in training mode).
+        qkv_format: ``"sbhd"`` (TE's default), ``"bshd"`` or ``"thd"``.
+        attn_mask_type: ``"causal"`` (default), ``"no_mask"``, ``"padding"``, ``"padding_causal"``,
+            ``"causal_bottom_right"``, ``"padding_causal_bottom_right"`` or ``"arbitrary"``.
+        window_size: sliding window ``(left, right)``; None is unbounded.
+        attention_type: ``"self"`` or ``"cross"``.
+        layer_number: accepted for TE compatibility (unused).
+        softmax_scale: defaults to ``1 / sqrt(d_qk)``.
+        deterministic: bit-reproducible backward (TE reads ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``; so
+            does the default here).
+        fp8_meta: run attention in FP8 with these scales (:class:`te_cudnn.Fp8AttentionMeta`).
+
+    Shapes (``h`` heads, ``hg`` key/value heads): query ``[sq, b, h, d_qk]`` (sbhd),
+    ``[b, sq, h, d_qk]`` (bshd) or ``[t_q, h, d_qk]`` (thd); key/value likewise with ``skv`` and
+    ``hg``. The output has the heads flattened as TE returns it: ``[sq, b, h * d_v]``,
+    ``[b, sq, h * d_v]`` or ``[t_q, h * d_v]``. The equivalent PyTorch computation (bshd)::
+
+        q, k, v = (x.transpose(1, 2) for x in (query, key, value))             # [b, h, s, d]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias_and_mask, dropout_p=p if training else 0.0,
+            scale=softmax_scale, enable_gqa=hg != h)                           # causal: top-left
+        out = out.transpose(1, 2).reshape(b, sq, h * d_v)
+
+    ``forward(query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None,
+    cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+    attn_mask_type=None, window_size=None, core_attention_bias_type="no_bias",
+    core_attention_bias=None, ...)``: padding masks take either ``cu_seqlens_q/kv`` (int32 ``[b + 1]``)
+    or TE's ``attention_mask``: a bool ``[b, 1, 1, s]`` tensor (True = padding; sequences padded
+    at the end), or a pair ``(q_mask, kv_mask)`` for cross attention. ``"arbitrary"`` takes a
+    bool ``attention_mask`` broadcastable to ``[b, h, sq, skv]`` (True = masked out), applied as an
+    additive bias. ``core_attention_bias`` (``post_scale_bias``) is ``[1|b, 1|h, sq, skv]``. THD
+    inputs need ``cu_seqlens_q/kv``; without ``max_seqlen_q/kv`` the token count bounds them (no
+    host sync; pass the true maxima for the fastest plans).
+    """
+
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: Union[int, tuple[int, int]],
+        num_gqa_groups: Optional[int] = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: Optional[tuple[int, int]] = None,
+        attention_type: str = "self",
+        layer_number: Optional[int] = None,
+        softmax_scale: Optional[float] = None,
+        deterministic: Optional[bool] = None,
+        fp8_meta: Optional[Fp8AttentionMeta] = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_attention_heads", num_attention_heads), ("num_gqa_groups", num_gqa_groups)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(kv_channels, int) and not isinstance(kv_channels, bool):
+            kv_channels = (kv_channels, kv_channels)
+        if (not isinstance(kv_channels, (tuple, list)) or len(kv_channels) != 2
+                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in kv_channels)):  # fmt: skip
+            raise ValueError(f"kv_channels must be a positive int or a (d_qk, d_v) pair, got {kv_channels!r}")
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = num_gqa_groups or num_attention_heads
+        if num_attention_heads % self.num_gqa_groups:
+            raise ValueError(f"num_gqa_groups={num_gqa_groups} must divide num_attention_heads={num_attention_heads}")
+        self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v = kv_channels
+        if not isinstance(attention_dropout, (int, float)) or not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout!r}")
+        self.attention_dropout = float(attention_dropout)
+        self.qkv_format = _check_choice("qkv_format", qkv_format, _FORMATS)
+        self.attn_mask_type = _check_choice("attn_mask_type", attn_mask_type, _MASKS)
+        self.window_size = _window(window_size, attn_mask_type)
+        self.attention_type = _check_choice("attention_type", attention_type, ("self", "cross"))
+        self.layer_number = layer_number
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(self.hidden_size_per_attention_head_k)
+        self.softmax_scale = float(softmax_scale)
+        if deterministic is None:
+            deterministic = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
+        self.deterministic = bool(deterministic)
+        self.fp8_meta = fp8_meta
+        self._options: dict[tuple, AttnOptions] = {}
+
+    def extra_repr(self) -> str:
+        return (f"num_attention_heads={self.num_attention_heads}, num_gqa_groups={self.num_gqa_groups}, "
+                f"kv_channels=({self.hidden_size_per_attention_head_k}, {self.hidden_size_per_attention_head_v}), "
+                f"qkv_format={self.qkv_format!r}, attn_mask_type={self.attn_mask_type!r}, "
+                f"window_size={self.window_size}, attention_dropout={self.attention_dropout}, "
+                f"softmax_scale={self.softmax_scale:.6g}")  # fmt: skip
+
+    def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
+        key = (layout, mask, bias_type, window, dropout)
+        opts = self._options.get(key)
+        if opts is None:
+            opts = AttnOptions(qkv_layout=layout, attn_mask_type=mask, attn_bias_type=bias_type,
+                               attn_scale=self.softmax_scale, dropout=dropout, window_size=window,
+                               deterministic=self.deterministic)  # fmt: skip
+            if not _is_compiling():  # a dict insertion is a side effect torch.compile need not trace
+                self._options[key] = opts
+        return opts
+
+    def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
+        dims = 3 if fmt == "thd" else 4
+        for name, t, heads, d in (
+            ("query_layer", q, self.num_attention_heads, self.hidden_size_per_attention_head_k),
+            ("key_layer", k, self.num_gqa_groups, self.hidden_size_per_attention_head_k),
+            ("value_layer", v, self.num_gqa_groups, self.hidden_size_per_attention_head_v),
+        ):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != dims or t.shape[-2] != heads or t.shape[-1] != d:
+                want = {"sbhd": "[s, b, h, d]", "bshd": "[b, s, h, d]", "thd": "[t, h, d]"}[fmt]
+                raise ValueError(f"{name} has shape {list(t.shape)}; qkv_format={fmt!r} expects {want} with "
+                                 f"{heads} heads of dim {d}")  # fmt: skip
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: Optional[Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = None,
+        qkv_format: Optional[str] = None,
+        cu_seqlens_q: Optional[torch.Tensor] = None,
+        cu_seqlens_kv: Optional[torch.Tensor] = None,
+        max_seqlen_q: Optional[int] = None,
+        max_seqlen_kv: Optional[int] = None,
+        attn_mask_type: Optional[str] = None,
+        window_size: Optional[tuple[int, int]] = None,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: Optional[torch.Tensor] = None,
+        fast_zero_fill: bool = True,
+        cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+        cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+        fp8_meta: Optional[Fp8AttentionMeta] = None,
+    ) -> torch.Tensor:
+        fmt = self.qkv_format if qkv_format is None else _check_choice("qkv_format", qkv_format, _FORMATS)
+        mask = self.attn_mask_type if attn_mask_type is None else _check_choice("attn_mask_type", attn_mask_type, _MASKS)
+        window = self.window_size if window_size is None and attn_mask_type is None else _window(window_size, mask)
+        bias_type = _check_choice("core_attention_bias_type", core_attention_bias_type, _BIAS_TYPES)
+        q, k, v = query_layer, key_layer, value_layer
+        self._check_inputs(q, k, v, fmt)
+        bias = core_attention_bias
+        if (bias is None) != (bias_type != "post_scale_bias"):
+            raise ValueError(f"core_attention_bias_type={bias_type!r} and core_attention_bias="
+                             f"{'None' if bias is None else 'a tensor'} disagree (post_scale_bias needs the tensor)")  # fmt: skip
+        if mask == "arbitrary":  # a user mask (True = masked out) becomes an additive bias
+            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
+                raise ValueError("attn_mask_type='arbitrary' needs a bool attention_mask (True = masked out)")
+            s_dim = 0 if fmt == "sbhd" else 1
+            if fmt == "thd":
+                raise ValueError("attn_mask_type='arbitrary' is not supported with qkv_format='thd'")
+            sq, skv = q.shape[s_dim], k.shape[s_dim]
+            full = attention_mask.expand(*attention_mask.shape[:-2], sq, skv)
+            if full.dim() != 4:
+                raise ValueError(f"attention_mask must be 4-d [b|1, h|1, sq, skv], got {list(attention_mask.shape)}")
+            # the dtype's lowest value, not -inf: a row with every key masked stays finite (uniform weights)
+            masked = torch.zeros(full.shape, dtype=q.dtype, device=q.device).masked_fill(full, torch.finfo(q.dtype).min)
+            bias = masked if bias is None else bias + masked
+            bias_type, mask, attention_mask = "post_scale_bias", "no_mask", None
+        if "padding" in mask and fmt != "thd" and cu_seqlens_q is None:
+            if attention_mask is None:
+                raise ValueError(f"attn_mask_type={mask!r} needs attention_mask or cu_seqlens_q/cu_seqlens_kv")
+            if isinstance(attention_mask, (tuple, list)):
+                cu_seqlens_q = _cu_seqlens_from_mask(attention_mask[0], "attention_mask[0]")
+                cu_seqlens_kv = _cu_seqlens_from_mask(attention_mask[1], "attention_mask[1]")
+            else:
+                if self.attention_type == "cross":
+                    raise ValueError("cross attention with a padding mask needs attention_mask=(q_mask, kv_mask)")
+                cu_seqlens_q = cu_seqlens_kv = _cu_seqlens_from_mask(attention_mask, "attention_mask")
+        elif attention_mask is not None and "padding" not in mask:
+            raise ValueError(f"attention_mask was given but attn_mask_type={mask!r} does not use it "
+                             "(use a padding mask type or 'arbitrary')")  # fmt: skip
+        if cu_seqlens_kv is None and self.attention_type == "self":
+            cu_seqlens_kv = cu_seqlens_q
+        if fmt == "thd":
+            if cu_seqlens_q is None or cu_seqlens_kv is None:
+                raise ValueError("qkv_format='thd' needs cu_seqlens_q and cu_seqlens_kv (int32 [b + 1])")
+            if "padding" not in mask:  # TE: THD is variable-length, so its masks are padding masks
+                mask = "padding" if mask == "no_mask" else "padding_" + mask
+            max_sq = q.shape[0] if max_seqlen_q is None else max_seqlen_q
+            max_skv = k.shape[0] if max_seqlen_kv is None else max_seqlen_kv
+        else:
+            s_dim = 0 if fmt == "sbhd" else 1
+            max_sq, max_skv = q.shape[s_dim], k.shape[s_dim]
+        layout = f"{fmt}_{fmt}_{fmt}"
+        dropout = self.attention_dropout if self.training else 0.0
+        meta = fp8_meta if fp8_meta is not None else self.fp8_meta
+        if meta is not None:
+            if dropout or bias is not None or window != _window(None, mask):
+                raise ValueError("FP8 attention (fp8_meta) takes no dropout, bias or sliding window; set "
+                                 "attention_dropout=0 (or eval()), no bias and window_size=None")  # fmt: skip
+            opts = self._opts(layout, mask, "no_bias", window, 0.0)
+            out = attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, opts)
+        else:
+            opts = self._opts(layout, mask, bias_type, window, dropout)
+            is_training = self.training or torch.is_grad_enabled()  # stats for a backward whenever one can follow
+            out = attend(q, k, v, bias, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, is_training, None, opts,
+                         cu_seqlens_q_padded, cu_seqlens_kv_padded)  # fmt: skip
+        return out.view(*out.shape[:-2], out.shape[-2] * out.shape[-1])

@@ -1,0 +1,361 @@
+"""te_cudnn's attention as PyTorch custom operators (namespace ``te_cudnn``).
+
+``torch.ops.te_cudnn.fwd`` / ``bwd`` run the cached cuDNN plans of :func:`te_cudnn.fused_attn_fwd`
+/ :func:`te_cudnn.fused_attn_bwd`; ``fp8_fwd`` / ``fp8_bwd`` do the same for FP8 attention
+inside a higher-precision model (casts and fused kernels in one op). Each op has a fake
+(meta) implementation giving the exact shapes, dtypes and strides of its results, so
+``torch.compile`` traces through it without a graph break (also with dynamic shapes), and an
+autograd formula registered with ``register_autograd``.
+
+Results (all freshly allocated, contiguous):
+
+* ``fwd`` -> ``(out, stats)``: ``out`` is ``[*q.shape[:-1], d_v]`` in q's dtype; ``stats`` is
+  fp32 ``[b, h, sq, 1]`` (dense q) or ``[t, h, 1]`` (THD q), or the softmax ``[b, h, sq, skv]``
+  in q's dtype when ``backend`` names ``F16_max512_seqlen``.
+* ``bwd`` -> ``(g0, g1, g2, dbias)``: the gradients in the layout's own packing: for ``*3hd`` /
+  ``*h3d`` layouts ``g0`` is the packed ``dqkv`` buffer and ``g1``/``g2`` are empty; for
+  ``*_2hd`` / ``*_h2d`` ``g1`` is the packed ``dkv`` buffer and ``g2`` is empty (a custom op
+  may not return aliasing tensors; :func:`unpack_grads` takes the views). ``dbias`` is empty
+  when there is no gradient for the bias (no bias, or one broadcast over b, h and sq).
+
+The wrappers here (:func:`attention`, :func:`fp8_attention`) are what ``fused_attention``,
+``fp8_attention``, ``DotProductAttention`` and ``scaled_dot_product_attention`` call when
+compiling or capturing a CUDA graph (see :func:`use_custom_ops`). Dropout then draws its
+Philox seed/offset on the device (graph-safe), and the backward reuses that tensor.
+"""
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
+from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
+from .layouts import layout_info, packed_qkv_views
+from .ops import _device_rng_state, _is_capturing, fused_attn_bwd, fused_attn_fwd
+
+__all__ = ["attention", "fp8_attention", "use_custom_ops", "unpack_grads", "OPS"]
+
+#: ``TE_CUDNN_CUSTOM_OPS=1`` takes the custom-op path in eager mode too (tests, measurements);
+#: ``=0`` never takes it outside torch.compile / CUDA-graph capture (the default).
+_FORCE_OPS = os.environ.get("TE_CUDNN_CUSTOM_OPS", "0").strip().lower() in ("1", "true", "yes", "on")
+
+_MAX512 = int(FusedAttnBackend.F16_max512_seqlen)
+_TAGS = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strides") else ()
+if not _TAGS and hasattr(torch.Tag, "needs_fixed_stride_order"):  # pragma: no cover - older torch
+    _TAGS = (torch.Tag.needs_fixed_stride_order,)
+
+_OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_mask_type, str attn_bias_type, "
+         "float? attn_scale, float dropout, int window_left, int window_right, bool? bottom_right_diagonal, "
+         "int? backend, str softmax_type, bool deterministic")  # fmt: skip
+_CU = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded"
+FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, {_CU}, Tensor? page_table_k, Tensor? page_table_v, "
+              f"Tensor? rng_state, bool is_training, {_OPTS}) -> (Tensor, Tensor)")  # fmt: skip
+BWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor stats, Tensor? rng_state, "
+              f"Tensor? attn_bias, {_CU}, {_OPTS}) -> (Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+_FP8_OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_mask_type, float? attn_scale, "
+             "int? backend, bool deterministic")  # fmt: skip
+FP8_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor fwd_scale, "
+                  "Tensor fwd_scale_inv, Tensor fwd_amax_history, ScalarType fwd_format, Tensor bwd_scale, "
+                  "Tensor bwd_scale_inv, Tensor bwd_amax_history, ScalarType bwd_format, "
+                  f"{_FP8_OPTS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+FP8_BWD_SCHEMA = ("(Tensor d_out, Tensor q8, Tensor k8, Tensor v8, Tensor o8, Tensor stats, Tensor? cu_seqlens_q, "
+                  "Tensor? cu_seqlens_kv, Tensor fwd_scale, Tensor fwd_scale_inv, Tensor bwd_scale, "
+                  "Tensor bwd_scale_inv, Tensor bwd_amax_history, ScalarType bwd_format, ScalarType out_dtype, "
+                  f"{_FP8_OPTS}) -> (Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+
+try:
+    _is_compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover - torch < 2.3
+    _is_compiling = torch._dynamo.is_compiling
+
+
+def use_custom_ops() -> bool:
+    """True when the public autograd entry points should go through the custom ops: while
+    torch.compile traces, during CUDA-graph capture, or when ``TE_CUDNN_CUSTOM_OPS=1``. In
+    plain eager mode they call the plans directly (the dispatcher's host time is measured in
+    ``tools/bench.py --only ops``)."""
+    return _FORCE_OPS or _is_compiling() or _is_capturing()
+
+
+# ------------------------------------------------------------------------------------------
+# shapes of the results (shared by the fake implementations and the checks of the real ones)
+# ------------------------------------------------------------------------------------------
+
+
+def _info(qkv_layout: str):
+    return layout_info(QKVLayout.coerce(qkv_layout, argument="qkv_layout"))
+
+
+def _stats_like(q: torch.Tensor, k: torch.Tensor, qkv_layout: str, backend: Optional[int]) -> torch.Tensor:
+    info = _info(qkv_layout)
+    if info.q_format == QKVFormat.thd:
+        return q.new_empty((q.shape[0], q.shape[1], 1), dtype=torch.float32)
+    sbhd = info.q_format == QKVFormat.sbhd
+    b, sq, h = (q.shape[1], q.shape[0], q.shape[2]) if sbhd else (q.shape[0], q.shape[1], q.shape[2])
+    if backend == _MAX512:  # the saved softmax S (max512 layouts are dense)
+        skv = k.shape[0] if info.kv_format == QKVFormat.sbhd else k.shape[1]
+        return q.new_empty((b, h, sq, skv))
+    return q.new_empty((b, h, sq, 1), dtype=torch.float32)
+
+
+def _has_dbias(bias: Optional[torch.Tensor]) -> bool:
+    """cuDNN gives dBias unless the bias broadcasts over b, h and sq (AttnConfig.has_dbias)."""
+    return bias is not None and not (bias.shape[0] == 1 and bias.shape[1] == 1 and bias.shape[2] == 1)
+
+
+def _grad_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: QKVLayoutGroup) -> tuple:
+    none = q.new_empty(0)
+    if group == QKVLayoutGroup.L_3HD:
+        return q.new_empty((*q.shape[:-2], 3, *q.shape[-2:])), none, q.new_empty(0)
+    if group == QKVLayoutGroup.L_H3D:
+        return q.new_empty((*q.shape[:-1], 3, q.shape[-1])), none, q.new_empty(0)
+    if group == QKVLayoutGroup.L_HD_2HD:
+        return q.new_empty(q.shape), k.new_empty((*k.shape[:-2], 2, *k.shape[-2:])), none
+    if group == QKVLayoutGroup.L_HD_H2D:
+        return q.new_empty(q.shape), k.new_empty((*k.shape[:-1], 2, k.shape[-1])), none
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def unpack_grads(qkv_layout: str, g0: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor) -> tuple:
+    """dq, dk, dv from the ``bwd`` op's buffers (views of the packed ones, as TE returns them)."""
+    group = _info(qkv_layout).group
+    if group in (QKVLayoutGroup.L_3HD, QKVLayoutGroup.L_H3D):
+        return packed_qkv_views(g0, group)
+    if group in (QKVLayoutGroup.L_HD_2HD, QKVLayoutGroup.L_HD_H2D):
+        return (g0, *packed_qkv_views(g1, group))
+    return g0, g1, g2
+
+
+def _packed_base(views: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """The buffer packed views were taken from (stacked when they are not views of one)."""
+    base = views[0]._base
+    if base is not None and all(t._base is base for t in views) and base.dim() == views[0].dim() + 1:
+        return base
+    return torch.stack(tuple(views), dim=dim)
+
+
+# ------------------------------------------------------------------------------------------
+# te_cudnn::fwd / te_cudnn::bwd
+# ------------------------------------------------------------------------------------------
+
+_zero_states: dict = {}
+
+
+def _zero_rng(device: torch.device) -> torch.Tensor:
+    state = _zero_states.get(device)
+    if state is None:
+        state = _zero_states[device] = torch.zeros(2, dtype=torch.int64, device=device)
+    return state
+
+
+def _fwd_impl(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+              page_table_k, page_table_v, rng_state, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
+              attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
+              backend, softmax_type, deterministic):  # fmt: skip
+    out, aux = fused_attn_fwd(
+        is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype, backend,
+        attn_bias=attn_bias, cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        page_table_k=page_table_k, page_table_v=page_table_v, attn_scale=attn_scale, dropout=dropout,
+        qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
+        softmax_type=softmax_type, window_size=(window_left, window_right),
+        bottom_right_diagonal=bottom_right_diagonal, rng_state=rng_state,
+    )  # fmt: skip
+    stats = aux[0]
+    if stats.dtype != torch.float32 and backend != _MAX512:
+        raise RuntimeError(
+            "te_cudnn's custom op selected F16_max512_seqlen automatically; its saved softmax has another shape than "
+            "the op declares. Pass fused_attention_backend='F16_max512_seqlen' explicitly to use it under "
+            "torch.compile / CUDA graphs"
+        )
+    return out, stats
+
+
+def _fwd_fake(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+              page_table_k, page_table_v, rng_state, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
+              attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
+              backend, softmax_type, deterministic):  # fmt: skip
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), _stats_like(q, k, qkv_layout, backend)
+
+
+def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+              cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type, attn_bias_type,
+              attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend, softmax_type,
+              deterministic):  # fmt: skip
+    aux = [stats, _zero_rng(q.device) if rng_state is None else rng_state]
+    if attn_bias is not None:
+        aux.append(attn_bias)
+    dq, dk, dv, dbias = fused_attn_bwd(
+        max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, o, d_o, q.dtype, aux, backend,
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded, attn_scale=attn_scale,
+        dropout=dropout, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
+        softmax_type=softmax_type, window_size=(window_left, window_right),
+        bottom_right_diagonal=bottom_right_diagonal, deterministic=deterministic,
+    )  # fmt: skip
+    group = _info(qkv_layout).group
+    if group in (QKVLayoutGroup.L_3HD, QKVLayoutGroup.L_H3D):
+        g = (_packed_base((dq, dk, dv), -3 if group == QKVLayoutGroup.L_3HD else -2), q.new_empty(0), q.new_empty(0))
+    elif group in (QKVLayoutGroup.L_HD_2HD, QKVLayoutGroup.L_HD_H2D):
+        g = (dq, _packed_base((dk, dv), -3 if group == QKVLayoutGroup.L_HD_2HD else -2), q.new_empty(0))
+    else:
+        g = (dq, dk, dv)
+    if dbias is None or not _has_dbias(attn_bias):
+        dbias = q.new_empty(0)
+    elif not dbias.is_contiguous():
+        dbias = dbias.contiguous()
+    return (*g, dbias)
+
+
+def _bwd_fake(q, k, v, o, d_o, stats, rng_state, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+              cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type, attn_bias_type,
+              attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend, softmax_type,
+              deterministic):  # fmt: skip
+    dbias = attn_bias.new_empty(attn_bias.shape) if _has_dbias(attn_bias) else q.new_empty(0)
+    return (*_grad_buffers(q, k, v, _info(qkv_layout).group), dbias)
+
+
+_N_FWD_TENSORS = 11  # q, k, v, attn_bias, 4 cu_seqlens, 2 page tables, rng_state
+
+
+def _fwd_setup(ctx, inputs, output):
+    (q, k, v, bias, cu_q, cu_kv, cu_qp, cu_kvp, _pk, _pv, rng_state, _training, *opts) = inputs
+    out, stats = output
+    ctx.save_for_backward(q, k, v, out, stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp)
+    ctx.opts = opts
+    ctx.mark_non_differentiable(stats)
+
+
+def _fwd_backward(ctx, d_out, _d_stats):
+    q, k, v, out, stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp = ctx.saved_tensors
+    opts = ctx.opts
+    g0, g1, g2, dbias = torch.ops.te_cudnn.bwd(
+        q, k, v, out, d_out.contiguous(), stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp, *opts
+    )
+    dq, dk, dv = unpack_grads(opts[2], g0, g1, g2)
+    return (dq, dk, dv, dbias if _has_dbias(bias) else None) + (None,) * (len(ctx.opts) + _N_FWD_TENSORS - 3)
+
+
+# ------------------------------------------------------------------------------------------
+# te_cudnn::fp8_fwd / te_cudnn::fp8_bwd: FP8 attention in a higher-precision model
+# ------------------------------------------------------------------------------------------
+
+
+def _fp8_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, fwd_scale, fwd_scale_inv, fwd_amax_history, fwd_format,
+                  bwd_scale, bwd_scale_inv, bwd_amax_history, bwd_format, max_seqlen_q, max_seqlen_kv, qkv_layout,
+                  attn_mask_type, attn_scale, backend, deterministic):  # fmt: skip
+    """The bwd_* tables are not read here: they travel to the backward (register_autograd).
+    Functional: this step's amax row comes back as a result (``fp8_attention`` folds it into
+    the history), so the op can carry an autograd formula."""
+    row = fwd_amax_history[0].clone()
+    table = Fp8Table(fwd_scale, fwd_scale_inv, row.unsqueeze(0))
+    q8, k8, v8 = (quantize(t, table, META_QKV, fwd_format) for t in (q, k, v))
+    o8, aux = fused_attn_fwd(
+        True, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, q8.dtype, backend,
+        attn_scale=attn_scale, qkv_layout=qkv_layout, attn_mask_type=attn_mask_type, **fwd_kwargs(table),
+    )  # fmt: skip
+    return dequantize(o8, table, META_O).to(q.dtype), q8, k8, v8, o8, aux[0], row
+
+
+def _fp8_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, fwd_scale, fwd_scale_inv, fwd_amax_history, fwd_format,
+                  bwd_scale, bwd_scale_inv, bwd_amax_history, bwd_format, max_seqlen_q, max_seqlen_kv, qkv_layout,
+                  attn_mask_type, attn_scale, backend, deterministic):  # fmt: skip
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    q8, k8, v8 = (torch.empty_like(t, dtype=fwd_format) for t in (q, k, v))
+    return (q.new_empty(out_shape), q8, k8, v8, q.new_empty(out_shape, dtype=fwd_format),
+            _stats_like(q, k, qkv_layout, None), fwd_amax_history.new_empty(fwd_amax_history.shape[1:]))  # fmt: skip
+
+
+def _fp8_bwd_impl(d_out, q8, k8, v8, o8, stats, cu_seqlens_q, cu_seqlens_kv, fwd_scale, fwd_scale_inv, bwd_scale,
+                  bwd_scale_inv, bwd_amax_history, bwd_format, out_dtype, max_seqlen_q, max_seqlen_kv, qkv_layout,
+                  attn_mask_type, attn_scale, backend, deterministic):  # fmt: skip
+    fwd = Fp8Table(fwd_scale, fwd_scale_inv, None)  # the backward reads the forward's scales only
+    row = bwd_amax_history[0].clone()
+    bwd = Fp8Table(bwd_scale, bwd_scale_inv, row.unsqueeze(0))
+    d_o8 = quantize(d_out, bwd, META_DO, bwd_format)
+    dq8, dk8, dv8, _ = fused_attn_bwd(
+        max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, o8, d_o8, q8.dtype,
+        [stats, _zero_rng(q8.device)], backend, attn_scale=attn_scale, qkv_layout=qkv_layout,
+        attn_mask_type=attn_mask_type, deterministic=deterministic, **bwd_kwargs(fwd, bwd),
+    )  # fmt: skip
+    return (*(dequantize(g, bwd, META_DQKV).to(out_dtype).contiguous() for g in (dq8, dk8, dv8)), row)
+
+
+def _fp8_bwd_fake(d_out, q8, k8, v8, o8, stats, cu_seqlens_q, cu_seqlens_kv, fwd_scale, fwd_scale_inv, bwd_scale,
+                  bwd_scale_inv, bwd_amax_history, bwd_format, out_dtype, max_seqlen_q, max_seqlen_kv, qkv_layout,
+                  attn_mask_type, attn_scale, backend, deterministic):  # fmt: skip
+    row = bwd_amax_history.new_empty(bwd_amax_history.shape[1:])
+    return (*(t.new_empty(t.shape, dtype=out_dtype) for t in (q8, k8, v8)), row)
+
+
+def _fp8_fwd_setup(ctx, inputs, output):
+    q, _k, _v, cu_q, cu_kv, f_scale, f_scale_inv, _f_amax, _f_fmt, b_scale, b_scale_inv, b_amax, b_fmt, *opts = inputs
+    _out, q8, k8, v8, o8, stats, row = output
+    ctx.save_for_backward(q8, k8, v8, o8, stats, cu_q, cu_kv, f_scale, f_scale_inv, b_scale, b_scale_inv, b_amax)
+    ctx.mark_non_differentiable(q8, k8, v8, o8, stats, row)
+    ctx.out_dtype, ctx.bwd_format, ctx.opts = q.dtype, b_fmt, opts
+
+
+def _fp8_fwd_backward(ctx, d_out, *_unused):
+    q8, k8, v8, o8, stats, cu_q, cu_kv, f_scale, f_scale_inv, b_scale, b_scale_inv, b_amax = ctx.saved_tensors
+    dq, dk, dv, row = torch.ops.te_cudnn.fp8_bwd(
+        d_out.contiguous(), q8, k8, v8, o8, stats, cu_q, cu_kv, f_scale, f_scale_inv, b_scale, b_scale_inv, b_amax,
+        ctx.bwd_format, ctx.out_dtype, *ctx.opts,
+    )  # fmt: skip
+    b_amax[0].copy_(row)  # this step's dO, dP, dQKV amaxes, as the direct path writes them
+    return (dq, dk, dv) + (None,) * (13 + len(ctx.opts) - 3)
+
+
+def _define(name: str, schema: str, impl, fake, mutates: tuple = ()):
+    op = torch.library.custom_op(f"te_cudnn::{name}", impl, mutates_args=mutates, device_types="cuda",
+                                 schema=schema, tags=_TAGS)  # fmt: skip
+    op.register_fake(fake)
+    return op
+
+
+fwd_op = _define("fwd", FWD_SCHEMA, _fwd_impl, _fwd_fake)
+bwd_op = _define("bwd", BWD_SCHEMA, _bwd_impl, _bwd_fake)
+fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+fp8_fwd_op = _define("fp8_fwd", FP8_FWD_SCHEMA, _fp8_fwd_impl, _fp8_fwd_fake)
+fp8_bwd_op = _define("fp8_bwd", FP8_BWD_SCHEMA, _fp8_bwd_impl, _fp8_bwd_fake)
+fp8_fwd_op.register_autograd(_fp8_fwd_backward, setup_context=_fp8_fwd_setup)
+
+OPS = {"fwd": fwd_op, "bwd": bwd_op, "fp8_fwd": fp8_fwd_op, "fp8_bwd": fp8_bwd_op}
+
+
+# ------------------------------------------------------------------------------------------
+# wrappers: what the public entry points call on the custom-op path
+# ------------------------------------------------------------------------------------------
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor],
+              cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_kv: Optional[torch.Tensor], max_seqlen_q, max_seqlen_kv,
+              is_training: bool, *, qkv_layout: str, attn_mask_type: str, attn_bias_type: str,
+              attn_scale: Optional[float], dropout: float, window_size, bottom_right_diagonal: Optional[bool],
+              backend, softmax_type: str, deterministic: bool,
+              cu_seqlens_q_padded: Optional[torch.Tensor] = None, cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
+              rng_gen: Optional[torch.Generator] = None) -> torch.Tensor:  # fmt: skip
+    """Differentiable attention through ``te_cudnn::fwd`` (and ``bwd`` in the backward). Dropout
+    draws its [seed, offset] on the device (fresh per call and per CUDA-graph replay)."""
+    rng_state = _device_rng_state(q.device, rng_gen) if is_training and dropout > 0.0 else None
+    out, _ = torch.ops.te_cudnn.fwd(
+        q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, None, None,
+        rng_state, is_training, max_seqlen_q, max_seqlen_kv, str(qkv_layout), str(attn_mask_type),
+        str(attn_bias_type), attn_scale, float(dropout), window_size[0], window_size[1], bottom_right_diagonal,
+        None if backend is None else int(backend), str(softmax_type), deterministic,
+    )  # fmt: skip
+    return out
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta, cu_seqlens_q: Optional[torch.Tensor],
+                  cu_seqlens_kv: Optional[torch.Tensor], max_seqlen_q, max_seqlen_kv, *, qkv_layout: str,
+                  attn_mask_type: str, attn_scale: Optional[float], backend, deterministic: bool) -> torch.Tensor:  # fmt: skip
+    """FP8 attention of fp16/bf16 q, k, v through ``te_cudnn::fp8_fwd`` (``fp8_bwd`` backward);
+    ``meta`` is a :class:`te_cudnn.Fp8AttentionMeta` whose amax histories get this step's amaxes."""
+    f, b = meta.fwd, meta.bwd
+    out, _q8, _k8, _v8, _o8, _stats, row = torch.ops.te_cudnn.fp8_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, f.scale, f.scale_inv, f.amax_history, meta.fwd_format, b.scale,
+        b.scale_inv, b.amax_history, meta.bwd_format, max_seqlen_q, max_seqlen_kv, str(qkv_layout),
+        str(attn_mask_type), attn_scale, None if backend is None else int(backend), deterministic,
+    )  # fmt: skip
+    f.amax_history[0].copy_(row)
+    return out
