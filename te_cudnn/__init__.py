@@ -33,13 +33,15 @@ from .errors import CaptureMissError, GraphBuildError, TeCudnnError, Unsupported
 from .layouts import get_qkv_layout
 from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
 from .plans import plan_cache
+from .sdpa import scaled_dot_product_attention
+from .policy import backend_policy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",
-    "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache",
-    "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention", "DotProductAttention",
+    "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache", "backend_policy",
+    "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention", "DotProductAttention", "scaled_dot_product_attention",
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
     "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
     "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",

@@ -15,8 +15,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .autograd import AttnOptions, attend, attend_fp8
-from .enums import AttnMaskType, QKVFormat
+from .enums import AttnMaskType
 from .fp8 import Fp8AttentionMeta
+from .layouts import get_qkv_layout
 from .torch_ops import _is_compiling
 
 __all__ = ["DotProductAttention"]
@@ -90,7 +91,9 @@ class DotProductAttention(torch.nn.Module):
     bool ``attention_mask`` broadcastable to ``[b, h, sq, skv]`` (True = masked out), applied as an
     additive bias. ``core_attention_bias`` (``post_scale_bias``) is ``[1|b, 1|h, sq, skv]``. THD
     inputs need ``cu_seqlens_q/kv``; without ``max_seqlen_q/kv`` the token count bounds them (no
-    host sync; pass the true maxima for the fastest plans).
+    host sync; pass the true maxima for the fastest plans). THD views of one packed
+    ``[t, 3, h, d]`` buffer are recognised in eager mode; under torch.compile pass separate
+    THD tensors (4-d formats take any strides, packed or not, in both modes).
     """
 
     def __init__(
@@ -240,7 +243,9 @@ class DotProductAttention(torch.nn.Module):
         else:
             s_dim = 0 if fmt == "sbhd" else 1
             max_sq, max_skv = q.shape[s_dim], k.shape[s_dim]
-        layout = f"{fmt}_{fmt}_{fmt}"
+        layout = f"{fmt}_{fmt}_{fmt}"  # separate tensors with any strides cuDNN reads: no copies
+        if fmt == "thd" and not _is_compiling():  # THD views of one packed buffer carry their own layout name
+            layout = get_qkv_layout(q, k, v, "thd")
         dropout = self.attention_dropout if self.training else 0.0
         meta = fp8_meta if fp8_meta is not None else self.fp8_meta
         if meta is not None:

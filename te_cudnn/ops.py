@@ -17,7 +17,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .backends import BY_ENUM, Direction, SubBackend, explain_config, select
+from . import policy as _policy
+from .backends import BY_ENUM, Direction, SubBackend
 from .config import AttnConfig, _check_cu_seqlens, _value, describe_bwd, describe_fwd, describe_shapes
 from .empty import empty_bwd, empty_fwd
 from .errors import CaptureMissError
@@ -34,8 +35,10 @@ from .enums import (
 )
 from .layouts import alloc_qkv_grads
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
+from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
+from .policy import token as _policy_token
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
 from .runtime import RuntimeEnv, current_env, frontend_version
 
@@ -343,10 +346,16 @@ def _seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
+def _never_capturing() -> bool:
+    return False
+
+
 try:  # the C entry point behind torch.cuda.is_current_stream_capturing (skips its Python wrapper)
     _is_capturing = torch._C._cuda_isCurrentStreamCapturing
 except AttributeError:  # pragma: no cover - CPU-only torch builds
     _is_capturing = torch.cuda.is_current_stream_capturing
+if not torch.cuda.is_available():  # CPU-only builds define it as a stub that raises; no CUDA, no capture
+    _is_capturing = _never_capturing
 
 
 _no_workspace: dict[int, torch.Tensor] = {}
@@ -579,6 +588,7 @@ def fused_attn_fwd(
         and amax_s is None and amax_o is None else _fp8_sig(
             (d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
             (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset, amax_o_offset)),
+        _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
         prep = _fwd_memo.get(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
@@ -674,7 +684,9 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     if _is_capturing():
         raise CaptureMissError("a forward call signature seen for the first time (shapes, strides or options)")
     layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
-    forced = _coerce_backend(a["fused_attention_backend"])
+    # the argument, else a te_cudnn.backend_policy context, else the environment (te_cudnn.policy)
+    policy = _policy.resolve(_coerce_backend(a["fused_attention_backend"]))
+    forced = policy.force
     cfg = describe_fwd(
         is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
@@ -703,8 +715,10 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         # named one, or the dtype's default, says how far the generator advances and what aux[0] is
         default = FusedAttnBackend.FP8 if cfg.dtype not in (torch.float16, torch.bfloat16) else FusedAttnBackend.F16_arbitrary_seqlen
         backend = BY_ENUM[forced if forced not in (None, FusedAttnBackend.No_Backend) else default]
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("zero-size call %s: answered without cuDNN (aux_ctx_tensors as %s's)", cfg.summary(), backend.name)
     else:
-        backend = select(cfg, env, forced, Direction.FWD)
+        backend = _policy.select(cfg, env, forced, Direction.FWD, policy=policy)  # logs the choice (INFO)
     stats_shape, stats_dtype = stats_kind(backend.caps.saves_softmax)
     _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, stats_dtype, a["q"])
     out_shape = (*a["q"].shape[:-1], cfg.d_v)
@@ -735,6 +749,8 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
                    a["attn_bias"].data_ptr() % 16, cfg.bias_stride)  # fmt: skip
     prep.full_lens = _full_lens(cfg, prep)
     prep.zero_stats = prep.softmax_aux and cfg.mask.is_causal
+    if not cfg.empty:
+        _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_fwd_memo, sig, prep)
     return prep
 
@@ -817,6 +833,7 @@ def fused_attn_bwd(
              amax_dqkv),
             (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
              q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
+        _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
     )  # fmt: skip
         prep = _bwd_memo.get(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
@@ -925,7 +942,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
                          rng_increment=0, fp8=cfg.dtype not in (torch.float16, torch.bfloat16), empty=True)  # fmt: skip
         _remember(_bwd_memo, sig, prep)
         return prep
-    backend = select(cfg, env, forced, Direction.BWD)
+    backend = _policy.select(cfg, env, forced, Direction.BWD)  # under the policy in force; logs the choice (INFO)
     prep = _Prepared(
         cfg=cfg,
         backend=backend,
@@ -941,6 +958,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     )
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     prep.full_lens = _full_lens(cfg, prep)
+    _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_bwd_memo, sig, prep)
     return prep
 
@@ -1017,12 +1035,13 @@ def explain(
         deterministic=deterministic, batch_size=batch_size, bias_shape=bias_shape,
     )  # fmt: skip
     env = env or current_env()
-    per_backend = explain_config(cfg, env, Direction.FWD)
+    policy = _policy.current()  # a te_cudnn.backend_policy context or the environment: forced, forbidden
+    per_backend = _policy.explain_config(cfg, env, Direction.FWD, policy)
     if return_max_logit:
         for why in per_backend.values():
             why.append("return_max_logit is not supported yet")
     serving = [BY_ENUM[b] for b, why in per_backend.items() if not why]
-    chosen = next((b for b in serving if b.prefers(cfg, env, Direction.FWD)), serving[0]).enum if serving else FusedAttnBackend.No_Backend
+    chosen = _policy.choose(serving, cfg, env, Direction.FWD, policy).enum if serving else FusedAttnBackend.No_Backend
     return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env)
 
 

@@ -441,3 +441,15 @@ def test_module_fp8_meta_against_reference():
     assert torch.isfinite(q.grad).all()
     out_c = torch.compile(attn, fullgraph=True)(q, k, v)
     assert rel_error(out_c, out) < 0.05  # the same FP8 kernels, scales one update later
+
+
+def test_module_thd_packed_views_eager():
+    """THD q, k, v as views of one [t, 3, h, d] buffer: the module names the packed layout."""
+    lens = torch.tensor([64, 3, 100], dtype=torch.int32, device="cuda")
+    cu = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    buf = torch.randn(int(lens.sum()), 3, 4, 64, device="cuda", dtype=BF16)
+    attn = tc.DotProductAttention(4, 64, qkv_format="thd", attn_mask_type="padding_causal")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=100, max_seqlen_kv=100)
+    packed = attn(*buf.unbind(1), **kw)
+    separate = attn(*(t.contiguous() for t in buf.unbind(1)), **kw)
+    assert torch.equal(packed, separate)

@@ -42,6 +42,40 @@ def host_medians(fns: dict, rounds: int, calls: int) -> dict:
     return {name: statistics.median(r) for name, r in reps.items()}
 
 
+def compiled_section(a) -> dict:
+    """Host time of a compiled attention layer's forward + backward (the op path inside an
+    inductor graph) against torch's compiled SDPA, b=2, h=8, s=512, d=64, causal, dropout 0.1."""
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    b, s, h, d = 2, 512, 8, 64
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(b, s, h * d, device="cuda", dtype=torch.bfloat16)
+    attn = tc.DotProductAttention(h, d, attention_dropout=0.1, qkv_format="bshd", attn_mask_type="causal").train()
+
+    def sdpa(q, k, v):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.1,
+                                           is_causal=True)  # fmt: skip
+        return o.transpose(1, 2).reshape(b, s, h * d)
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    fns = {"te_cudnn compiled": torch.compile(attn, fullgraph=True), "torch SDPA compiled (default backend)":
+           torch.compile(sdpa, fullgraph=True)}  # fmt: skip
+    out = {}
+    for name, fn in fns.items():
+        def step(fn=fn):
+            fn(q, k, v).backward(g)
+        out[name] = host_medians({name: step}, a.rounds, max(a.calls // 5, 50))[name]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        f = torch.compile(sdpa, fullgraph=True)
+        out["torch SDPA compiled (cuDNN backend)"] = host_medians({"x": lambda: f(q, k, v).backward(g)}, a.rounds,
+                                                                  max(a.calls // 5, 50))["x"]  # fmt: skip
+    print("\n== compiled fwd+bwd of one attention layer (b=2 h=8 s=512 d=64 causal dropout 0.1): host us per step")
+    for name, us in out.items():
+        print(f"  {name:45s} {us:8.2f}")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="2,16,512,64", help="b,h,s,d (default: TE's test_0)")
@@ -101,6 +135,7 @@ def main(argv=None) -> int:
             print(f"  {name:45s} {us:8.2f}")
         print(f"  op path - direct fused_attn_fwd: {results[label]['op_path_minus_direct_us']:+.2f} us; "
               f"eager fused_attention - direct: {results[label]['eager_fused_attention_minus_direct_us']:+.2f} us")  # fmt: skip
+    results["compiled"] = compiled_section(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

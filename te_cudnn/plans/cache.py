@@ -3,13 +3,16 @@
 A miss builds the graph outside the cache lock (cuDNN planning takes 0.05-1 s); a second
 thread asking for the same key meanwhile waits for that build instead of starting its own.
 Statistics (hits, misses, builds, build seconds, evictions, per-plan hits and workspace) are
-readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`.
+readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`. Each build
+or load from the plan store is logged on the ``"te_cudnn"`` logger (INFO, with its time; plan
+name, workspace and stages at DEBUG); hits are not logged.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import threading
 import time
@@ -23,6 +26,8 @@ from .key import PlanKey
 from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
 
 __all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache"]
+
+_log = logging.getLogger("te_cudnn")
 
 #: ``TE_CUDNN_PLAN_CACHE_SIZE`` (plans kept in memory); a malformed value warns once and gives 512.
 DEFAULT_MAXSIZE = int(env_number("TE_CUDNN_PLAN_CACHE_SIZE", 512, integer=True,
@@ -241,6 +246,32 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     return plan
 
 
+def _log_landed(plan: CompiledPlan) -> None:
+    """INFO: a plan was built or loaded from the plan store, and in how long; DEBUG: its details."""
+    ms = plan.build_seconds * 1e3
+    if plan.source == "store":
+        _log.info("loaded plan for %s from the plan store in %.1f ms", plan.key, ms)
+    else:
+        _log.info("built plan for %s in %.1f ms", plan.key, ms)
+    if _log.isEnabledFor(logging.DEBUG):
+        stages = ", ".join(f"{name} {sec * 1e3:.1f} ms" for name, sec in plan.stages.items()) or "n/a"
+        _log.debug("  plan name %s, workspace %d bytes, stages: %s", plan.plan_name, plan.workspace_size, stages)
+
+
+def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
+    """DEBUG, once per new call signature (``ops._prepare_*``): whether the plan for ``key`` is
+    already cached (a hit) or is built or loaded at the first launch (then logged at INFO)."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        return
+    plan = (plan_cache if cache is None else cache).find(key)
+    if plan is None:
+        _log.debug("plan for %s: not cached yet; built or loaded from the plan store at the first launch", key)
+    else:
+        _log.debug("plan for %s: already cached (hit; %s, plan name %s, workspace %d bytes, %d hits so far)", key,
+                   "loaded from the plan store" if plan.source == "store" else "built", plan.plan_name,
+                   plan.workspace_size, plan.hits)  # fmt: skip
+
+
 _tick = itertools.count(1).__next__  # atomic under the GIL (one C call)
 
 
@@ -329,6 +360,8 @@ class PlanCache:
                 self._evict_to(self.maxsize)
                 del self._building[key]
             pending.set()
+            if _log.isEnabledFor(logging.INFO):  # once per build or load, never per call
+                _log_landed(plan)
             return plan
 
     def __contains__(self, key: object) -> bool:
