@@ -76,20 +76,40 @@ def _options(function: str, options: dict[str, Any], accepted: Iterable[str], ar
     return AttnOptions(**options)
 
 
-_SEQ_DIMS: dict[Any, int] = {}
+def _layout_facts() -> dict[Any, tuple[int, int, str]]:
+    """Per layout (name, lower-case name and member): the dims of q and k that bound the
+    sequence lengths (sbhd: 0, bshd: 1, bhsd: 2, thd: 0, the token count) and the unpacked
+    layout FP8 runs on (quantizing packed views gives separate tensors). Built once at
+    import: torch.compile then reads a constant table instead of tracing enum coercion."""
+    from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
+    from .layouts import layout_info  # noqa: PLC0415
+
+    dims = {QKVFormat.sbhd: 0, QKVFormat.bshd: 1, QKVFormat.bhsd: 2, QKVFormat.thd: 0}
+    table: dict[Any, tuple[int, int, str]] = {}
+    for layout in QKVLayout:
+        info = layout_info(layout)
+        if info.is_paged:
+            continue
+        q_fmt, kv_fmt = info.q_format.name, info.kv_format.name
+        facts = (dims[info.q_format], dims[info.kv_format], f"{q_fmt}_{kv_fmt}_{kv_fmt}")
+        table[layout] = table[layout.name] = table[layout.name.upper()] = facts
+    return table
 
 
-def _seq_dim(qkv_layout: Any) -> int:
-    """The sequence dim of q for a layout (0 for sbhd, else 1), remembered per layout value:
-    coercing a layout name costs tens of microseconds, a dict lookup a few tens of ns."""
-    dim = _SEQ_DIMS.get(qkv_layout)
-    if dim is None:
-        from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
-        from .layouts import layout_info  # noqa: PLC0415
+_LAYOUT_FACTS = _layout_facts()
 
-        info = layout_info(QKVLayout.coerce(qkv_layout, argument="qkv_layout"))
-        dim = _SEQ_DIMS[qkv_layout] = 0 if info.q_format == QKVFormat.sbhd else 1
-    return dim
+
+def _facts(qkv_layout: Any) -> tuple[int, int, str]:
+    facts = _LAYOUT_FACTS.get(qkv_layout)
+    if facts is None:
+        from .enums import QKVLayout  # noqa: PLC0415
+
+        layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")  # raises for unknown names
+        facts = _LAYOUT_FACTS.get(layout)
+        if facts is not None:  # another spelling of a known layout
+            return facts
+        raise ValueError(f"qkv_layout={layout.name} (paged KV) needs page tables: call fused_attn_fwd directly")
+    return facts
 
 
 def _readable_grad(g: torch.Tensor) -> torch.Tensor:
@@ -163,10 +183,10 @@ def fused_attention(
     listing the accepted ones.
     """
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
-    s_dim = _seq_dim(opts.qkv_layout)
+    q_dim, kv_dim, _ = _facts(opts.qkv_layout)
     if is_training is None:
         is_training = torch.is_grad_enabled()
-    return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[s_dim], k.shape[s_dim], is_training,
+    return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[q_dim], k.shape[kv_dim], is_training,
                   rng_gen, opts)  # fmt: skip
 
 
@@ -233,13 +253,17 @@ def fp8_attention(q, k, v, meta, *, cu_seqlens_q=None, cu_seqlens_kv=None, **opt
     ``fused_attention_backend``; any other keyword (``dropout``, ``window_size``, a bias, ...)
     raises ``TypeError`` rather than being ignored."""
     opts = _options("fp8_attention", options, _FP8_OPTIONS, ("cu_seqlens_q", "cu_seqlens_kv"))
-    s_dim = _seq_dim(opts.qkv_layout)
-    return attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, q.shape[s_dim], k.shape[s_dim], opts)
+    q_dim, kv_dim, _ = _facts(opts.qkv_layout)
+    return attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, q.shape[q_dim], k.shape[kv_dim], opts)
 
 
 def attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, opts: AttnOptions) -> torch.Tensor:
     """FP8 counterpart of :func:`attend`: ``te_cudnn::fp8_fwd`` when compiling or capturing,
-    :class:`Fp8FusedAttnFunc` in eager mode."""
+    :class:`Fp8FusedAttnFunc` in eager mode. Packed layouts run as their unpacked twins: the
+    FP8 casts give q, k and v buffers of their own."""
+    unpacked = _facts(opts.qkv_layout)[2]
+    if unpacked != opts.qkv_layout:
+        opts = replace(opts, qkv_layout=unpacked)
     if use_custom_ops():
         return torch_ops.fp8_attention(
             q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, qkv_layout=opts.qkv_layout,

@@ -225,3 +225,8 @@ META_DP: int = int(Fp8BwdIdx.DP)
 # Philox offset increments per call, as TransformerEngine advances the torch generator.
 BACKEND_F16arb_ELTS_PER_THREADS = 16
 BACKEND_FP8_THREADS_PER_CTA = 128
+
+
+for _enum in (QKVFormat, QKVLayoutGroup, QKVLayout, AttnMaskType, AttnBiasType, SoftmaxType, FusedAttnBackend,
+              Fp8FwdIdx, Fp8BwdIdx):  # fmt: skip
+    _enum._by_name()  # every name table is built at import (torch.compile then never sees one being built)

@@ -150,7 +150,7 @@ class DotProductAttention(torch.nn.Module):
                 f"softmax_scale={self.softmax_scale:.6g}")  # fmt: skip
 
     def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
-        key = (layout, mask, bias_type, window, dropout)
+        key = (layout, mask, bias_type, window, dropout, self.softmax_scale, self.deterministic)
         opts = self._options.get(key)
         if opts is None:
             opts = AttnOptions(qkv_layout=layout, attn_mask_type=mask, attn_bias_type=bias_type,
@@ -228,6 +228,8 @@ class DotProductAttention(torch.nn.Module):
                 if self.attention_type == "cross":
                     raise ValueError("cross attention with a padding mask needs attention_mask=(q_mask, kv_mask)")
                 cu_seqlens_q = cu_seqlens_kv = _cu_seqlens_from_mask(attention_mask, "attention_mask")
+        elif attention_mask is not None and fmt == "thd":
+            raise ValueError("qkv_format='thd' takes its lengths from cu_seqlens_q/kv; attention_mask is not used")
         elif attention_mask is not None and "padding" not in mask:
             raise ValueError(f"attention_mask was given but attn_mask_type={mask!r} does not use it "
                              "(use a padding mask type or 'arbitrary')")  # fmt: skip

@@ -102,6 +102,12 @@ def _stats_like(q: torch.Tensor, k: torch.Tensor, qkv_layout: str, backend: Opti
 _BHS = {QKVFormat.sbhd: (1, 2, 0), QKVFormat.bshd: (0, 2, 1), QKVFormat.bhsd: (0, 1, 2)}
 
 
+def _unpacked(qkv_layout: str) -> str:
+    """The layout FP8 runs on: its casts turn packed views into separate q, k, v buffers."""
+    info = _info(qkv_layout)
+    return f"{info.q_format.name}_{info.kv_format.name}_{info.kv_format.name}"
+
+
 def _has_dbias(bias: Optional[torch.Tensor]) -> bool:
     """cuDNN gives dBias unless the bias broadcasts over b, h and sq (AttnConfig.has_dbias)."""
     return bias is not None and not (bias.shape[0] == 1 and bias.shape[1] == 1 and bias.shape[2] == 1)
@@ -254,7 +260,7 @@ def _fp8_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, fwd_scale, fwd_scale_inv
     q8, k8, v8 = (quantize(t, table, META_QKV, fwd_format) for t in (q, k, v))
     o8, aux = fused_attn_fwd(
         True, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, q8.dtype, backend,
-        attn_scale=attn_scale, qkv_layout=qkv_layout, attn_mask_type=attn_mask_type, **fwd_kwargs(table),
+        attn_scale=attn_scale, qkv_layout=_unpacked(qkv_layout), attn_mask_type=attn_mask_type, **fwd_kwargs(table),
     )  # fmt: skip
     return dequantize(o8, table, META_O).to(q.dtype), q8, k8, v8, o8, aux[0], row
 
@@ -277,7 +283,7 @@ def _fp8_bwd_impl(d_out, q8, k8, v8, o8, stats, cu_seqlens_q, cu_seqlens_kv, fwd
     d_o8 = quantize(d_out, bwd, META_DO, bwd_format)
     dq8, dk8, dv8, _ = fused_attn_bwd(
         max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, o8, d_o8, q8.dtype,
-        [stats, _zero_rng(q8.device)], backend, attn_scale=attn_scale, qkv_layout=qkv_layout,
+        [stats, _zero_rng(q8.device)], backend, attn_scale=attn_scale, qkv_layout=_unpacked(qkv_layout),
         attn_mask_type=attn_mask_type, deterministic=deterministic, **bwd_kwargs(fwd, bwd),
     )  # fmt: skip
     return (*(dequantize(g, bwd, META_DQKV).to(out_dtype).contiguous() for g in (dq8, dk8, dv8)), row)
