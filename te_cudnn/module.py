@@ -150,15 +150,21 @@ class DotProductAttention(torch.nn.Module):
                 f"softmax_scale={self.softmax_scale:.6g}")  # fmt: skip
 
     def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
+        """The call's options, remembered per combination in eager mode (a dataclass costs a few
+        µs to build). While compiling they are built afresh: the trace folds them to constants,
+        and the compiled code then carries no guards on the cache dict."""
+        if _is_compiling():
+            return self._make_opts(layout, mask, bias_type, window, dropout)
         key = (layout, mask, bias_type, window, dropout, self.softmax_scale, self.deterministic)
         opts = self._options.get(key)
         if opts is None:
-            opts = AttnOptions(qkv_layout=layout, attn_mask_type=mask, attn_bias_type=bias_type,
-                               attn_scale=self.softmax_scale, dropout=dropout, window_size=window,
-                               deterministic=self.deterministic)  # fmt: skip
-            if not _is_compiling():  # a dict insertion is a side effect torch.compile need not trace
-                self._options[key] = opts
+            opts = self._options[key] = self._make_opts(layout, mask, bias_type, window, dropout)
         return opts
+
+    def _make_opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
+        return AttnOptions(qkv_layout=layout, attn_mask_type=mask, attn_bias_type=bias_type,
+                           attn_scale=self.softmax_scale, dropout=dropout, window_size=window,
+                           deterministic=self.deterministic)  # fmt: skip
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
         dims = 3 if fmt == "thd" else 4
