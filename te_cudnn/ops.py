@@ -9,6 +9,7 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import weakref
@@ -426,6 +427,28 @@ def release_workspaces() -> int:
         ctx.clear()
     release_thread_handles()
     return sum(ws.numel() for ws in buffers.values())
+
+
+def _drop_cudnn_objects() -> None:
+    """At interpreter exit (before modules are torn down): drop te_cudnn's references to cuDNN
+    frontend objects (prepared calls, plans, launch contexts, handles). torch.library keeps the
+    custom ops' Python functions, and through them te_cudnn's module state, alive to the end;
+    plans still alive when the frontend's native module is finalized make it report "leaked"
+    instances on stderr."""
+    from .plans import handles  # noqa: PLC0415
+
+    try:
+        with _memo_lock:
+            _fwd_memo.clear()
+            _bwd_memo.clear()
+        release_workspaces()
+        plan_cache.clear()
+        handles._idle.clear()
+    except Exception:  # pragma: no cover - exiting anyway; never turn an exit into a traceback
+        pass
+
+
+atexit.register(_drop_cudnn_objects)
 
 
 def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: bool = False) -> None:

@@ -783,3 +783,17 @@ def test_dropout_rng_state_shape_on_meta() -> None:
 
     state = _device_rng_state(torch.device("meta"))
     assert state.shape == (2,) and state.dtype == torch.int64 and state.device.type == "meta"
+
+
+def test_exit_hook_drops_cudnn_objects() -> None:
+    """The atexit hook empties what holds cuDNN objects (torch.library keeps te_cudnn's module
+    state alive to the end; plans alive when the frontend's native module is finalized are
+    reported on stderr as leaked)."""
+    from te_cudnn import ops
+    from te_cudnn.plans import handles, plan_cache
+
+    ops._fwd_memo[("probe",)] = object()
+    ops._bwd_memo[("probe",)] = object()
+    handles._idle.setdefault(0, []).append(object())
+    ops._drop_cudnn_objects()
+    assert not ops._fwd_memo and not ops._bwd_memo and not handles._idle and len(plan_cache) == 0
