@@ -89,7 +89,7 @@ def _check_qkv(query: Any, key: Any, value: Any, enable_gqa: Any) -> None:
         raise TypeError(f"query must be a floating-point tensor (float16 or bfloat16 here), got {_dtype_name(query.dtype)}")
     if not (query.device == key.device == value.device):
         raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}")
-    (b, h, sq, d), (bk, hk, skv, dk), (bv, hv, sv, dv) = query.shape, key.shape, value.shape
+    (b, h, _sq, d), (bk, hk, skv, dk), (bv, hv, sv, _dv) = query.shape, key.shape, value.shape
     if not b == bk == bv:
         raise ValueError(f"query, key and value must have one batch size, got {b}, {bk}, {bv} (shapes [b, h, s, d])")
     if skv != sv:

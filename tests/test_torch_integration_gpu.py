@@ -11,7 +11,7 @@ import torch
 import te_cudnn as tc
 from te_cudnn import torch_ops
 from te_cudnn.reference import attention_reference
-from te_cudnn.testing import TOLERANCES, check_close, make_qkv, rel_error
+from te_cudnn.testing import make_qkv, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -180,14 +180,18 @@ def test_compiled_module_bit_identical(dynamic):
     for b, s in ((2, 128), (4, 256), (1, 384)):
         q = torch.randn(b, s, 8, 64, device="cuda", dtype=BF16, requires_grad=True)
         k, v = (torch.randn(b, s, 2, 64, device="cuda", dtype=BF16, requires_grad=True) for _ in range(2))
-        d_o = torch.randn(b, s, 8 * 64, device="cuda", dtype=BF16)
-        out = attn(q, k, v)
-        grads = torch.autograd.grad(out, (q, k, v), d_o)
-        out_c = cattn(q, k, v)
-        grads_c = torch.autograd.grad(out_c, (q, k, v), d_o)
-        assert torch.equal(out, out_c)
-        for a, c in zip(grads, grads_c):
-            assert torch.equal(a, c)
+        _assert_bit_identical(attn, cattn, (q, k, v), torch.randn(b, s, 8 * 64, device="cuda", dtype=BF16))
+
+
+def _assert_bit_identical(f, g, inputs, d_o):
+    """f and g give the same output and input gradients, bit for bit."""
+    out_f = f(*inputs)
+    grads_f = torch.autograd.grad(out_f, inputs, d_o)
+    out_g = g(*inputs)
+    grads_g = torch.autograd.grad(out_g, inputs, d_o)
+    assert torch.equal(out_f, out_g)
+    for a, b in zip(grads_f, grads_g):
+        assert torch.equal(a, b)
 
 
 def test_compile_explain_no_break_thd_and_bias():
@@ -303,14 +307,7 @@ def test_cuda_graph_without_dropout_equals_eager():
     q = torch.randn(256, 2, 4, 64, device="cuda", dtype=BF16)
     k, v = (torch.randn(256, 2, 2, 64, device="cuda", dtype=BF16) for _ in range(2))
     graphed = torch.cuda.make_graphed_callables(attn, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_()))
-    d_o = torch.randn(256, 2, 256, device="cuda", dtype=BF16)
-    out = graphed(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), d_o)
-    out_e = attn(q, k, v)
-    grads_e = torch.autograd.grad(out_e, (q, k, v), d_o)
-    assert torch.equal(out, out_e)
-    for a, e in zip(grads, grads_e):
-        assert torch.equal(a, e)
+    _assert_bit_identical(graphed, attn, (q, k, v), torch.randn(256, 2, 256, device="cuda", dtype=BF16))
 
 
 def test_make_graphed_callables_dropout_fresh_per_replay():

@@ -243,13 +243,20 @@ def host_us(rounds: int = 15, calls: int = 2000) -> dict:
         "te_cudnn, preallocated out/softmax_lse": call_pre,
         "torch SDPA cuDNN": torch_sdpa,
     }
-    reps: dict = {name: [] for name in contenders}
-    for fn in contenders.values():
-        for _ in range(500):
+    return host_medians(contenders, rounds, calls)
+
+
+def host_medians(fns: dict, rounds: int, calls: int, warmup: int = 500) -> dict:
+    """Median host microseconds per call of each function: ``calls`` back-to-back calls timed
+    with the host clock, then one synchronize; interleaved rounds, so machine noise hits every
+    contender alike."""
+    reps: dict = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
-    for _ in range(rounds):  # interleaved rounds: machine noise hits every contender alike
-        for name, fn in contenders.items():
+    for _ in range(rounds):
+        for name, fn in fns.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()

@@ -15,39 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import host_medians  # noqa: E402  (tools/bench.py: the project's host-timing loop)
 
 import te_cudnn as tc
 from te_cudnn import torch_ops
 from te_cudnn.autograd import AttnOptions, FusedAttnFunc
 
 
-def host_medians(fns: dict, rounds: int, calls: int) -> dict:
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
-    reps: dict = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            reps[name].append((t1 - t0) / calls * 1e6)
-    return {name: statistics.median(r) for name, r in reps.items()}
-
-
-def compiled_section(a) -> dict:
-    """Host time of a compiled attention layer's forward + backward (the op path inside an
-    inductor graph) against torch's compiled SDPA, b=2, h=8, s=512, d=64, causal, dropout 0.1."""
+def compiled_layer(b: int = 2, s: int = 512, h: int = 8, d: int = 64):
+    """One attention layer (causal, dropout 0.1) compiled with fullgraph, te_cudnn's module and
+    torch's SDPA: ``(q, k, v, grad, {name: compiled fn})``."""
     import torch.nn.functional as F  # noqa: PLC0415
 
-    b, s, h, d = 2, 512, 8, 64
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(b, s, h * d, device="cuda", dtype=torch.bfloat16)
     attn = tc.DotProductAttention(h, d, attention_dropout=0.1, qkv_format="bshd", attn_mask_type="causal").train()
@@ -57,19 +42,26 @@ def compiled_section(a) -> dict:
                                            is_causal=True)  # fmt: skip
         return o.transpose(1, 2).reshape(b, s, h * d)
 
+    fns = {"te_cudnn compiled": torch.compile(attn, fullgraph=True),
+           "torch SDPA compiled (default backend)": torch.compile(sdpa, fullgraph=True)}  # fmt: skip
+    return q, k, v, g, fns, sdpa
+
+
+def compiled_section(a) -> dict:
+    """Host time of a compiled attention layer's forward + backward (the op path inside an
+    inductor graph) against torch's compiled SDPA, b=2, h=8, s=512, d=64, causal, dropout 0.1."""
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
-    fns = {"te_cudnn compiled": torch.compile(attn, fullgraph=True), "torch SDPA compiled (default backend)":
-           torch.compile(sdpa, fullgraph=True)}  # fmt: skip
+    q, k, v, g, fns, sdpa = compiled_layer()
     out = {}
     for name, fn in fns.items():
         def step(fn=fn):
             fn(q, k, v).backward(g)
-        out[name] = host_medians({name: step}, a.rounds, max(a.calls // 5, 50))[name]
+        out[name] = host_medians({name: step}, a.rounds, max(a.calls // 5, 50), warmup=200)[name]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         f = torch.compile(sdpa, fullgraph=True)
         out["torch SDPA compiled (cuDNN backend)"] = host_medians({"x": lambda: f(q, k, v).backward(g)}, a.rounds,
-                                                                  max(a.calls // 5, 50))["x"]  # fmt: skip
+                                                                  max(a.calls // 5, 50), warmup=200)["x"]  # fmt: skip
     print("\n== compiled fwd+bwd of one attention layer (b=2 h=8 s=512 d=64 causal dropout 0.1): host us per step")
     for name, us in out.items():
         print(f"  {name:45s} {us:8.2f}")
@@ -114,7 +106,7 @@ def main(argv=None) -> int:
                "fused_attention (eager: direct path)": eager_fn, "custom op path (torch_ops.attention)": op_path,
                "torch.ops.te_cudnn.fwd (raw)": raw_op}  # fmt: skip
         with torch.no_grad():
-            host = host_medians(fwd, a.rounds, a.calls)
+            host = host_medians(fwd, a.rounds, a.calls, warmup=200)
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         g = torch.randn_like(q)
 
@@ -125,7 +117,7 @@ def main(argv=None) -> int:
             torch_ops.attention(qg, kg, vg, None, None, None, s_, s_, True, **kw).backward(g)
 
         train = host_medians({"fwd+bwd direct (FusedAttnFunc)": train_direct, "fwd+bwd custom ops": train_ops},
-                             a.rounds, max(a.calls // 5, 50))  # fmt: skip
+                             a.rounds, max(a.calls // 5, 50), warmup=200)  # fmt: skip
         base = host["fused_attn_fwd (direct)"]
         results[label] = {"forward_host_us": host, "fwd_bwd_host_us": train,
                           "op_path_minus_direct_us": host["custom op path (torch_ops.attention)"] - base,

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
-import te_cudnn as tc
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_ops import compiled_layer  # noqa: E402
+from profile_host import profile_rows  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -22,17 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--top", type=int, default=35)
     a = p.parse_args(argv)
-    b, s, h, d = 2, 512, 8, 64
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    g = torch.randn(b, s, h * d, device="cuda", dtype=torch.bfloat16)
-    attn = tc.DotProductAttention(h, d, attention_dropout=0.1, qkv_format="bshd", attn_mask_type="causal").train()
-
-    def sdpa(q, k, v):
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.1,
-                                           is_causal=True)  # fmt: skip
-        return o.transpose(1, 2).reshape(b, s, h * d)
-
-    for name, fn in (("te_cudnn", torch.compile(attn, fullgraph=True)), ("sdpa", torch.compile(sdpa, fullgraph=True))):
+    q, k, v, g, fns, _ = compiled_layer()
+    for name, fn in fns.items():
         for _ in range(20):
             fn(q, k, v).backward(g)
         torch.cuda.synchronize()
@@ -48,12 +42,8 @@ def main(argv=None) -> int:
             fn(q, k, v).backward(g)
         prof.disable()
         torch.cuda.synchronize()
-        st = pstats.Stats(prof).stats
-        rows = [(f"{f.split('site-packages/')[-1]}:{ln}:{fn_}", nc, tt, ct) for (f, ln, fn_), (_, nc, tt, ct, _) in st.items()
-                if nc >= a.steps]  # fmt: skip
-        rows.sort(key=lambda r: -r[3])
         print(f"{'function':80s} {'calls/step':>10s} {'own us':>8s} {'cum us':>8s}  (per step)")
-        for fname, nc, tt, ct in rows[: a.top]:
+        for fname, nc, tt, ct in profile_rows(pstats.Stats(prof), a.steps)[: a.top]:
             print(f"{fname[-80:]:80s} {nc / a.steps:10.1f} {tt / a.steps * 1e6:8.1f} {ct / a.steps * 1e6:8.1f}")
     return 0
 

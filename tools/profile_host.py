@@ -19,16 +19,20 @@ def main(argv=None) -> int:
     p.add_argument("--min-calls", type=int, default=100)
     p.add_argument("--top", type=int, default=40)
     a = p.parse_args(argv)
-    stats = pstats.Stats(a.profile).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
-    keys = a.match.split(",")
-    rows = [(f"{file.split('site-packages/')[-1]}:{line}:{fn}", nc, tt, ct)
-            for (file, line, fn), (cc, nc, tt, ct, _) in stats.items()
-            if nc >= a.min_calls and any(k in file for k in keys)]  # fmt: skip
-    rows.sort(key=lambda r: -r[3])
+    rows = profile_rows(pstats.Stats(a.profile), a.min_calls, a.match.split(","))
     print(f"{'function':90s} {'calls':>8s} {'own us/call':>12s} {'cum us/call':>12s}")
     for name, nc, tt, ct in rows[: a.top]:
         print(f"{name[-90:]:90s} {nc:8d} {tt / nc * 1e6:12.2f} {ct / nc * 1e6:12.2f}")
     return 0
+
+
+def profile_rows(stats: pstats.Stats, min_calls: int, match: tuple = ("",)) -> list:
+    """``(function, calls, own seconds, cumulative seconds)`` of the functions called at least
+    ``min_calls`` times whose file contains one of ``match``, by cumulative time."""
+    rows = [(f"{file.split('site-packages/')[-1]}:{line}:{fn}", nc, tt, ct)
+            for (file, line, fn), (_cc, nc, tt, ct, _callers) in stats.stats.items()
+            if nc >= min_calls and any(k in file for k in match)]  # fmt: skip
+    return sorted(rows, key=lambda r: -r[3])
 
 
 if __name__ == "__main__":
