@@ -56,7 +56,17 @@ _OPTION_NAMES = tuple(f.name for f in fields(AttnOptions) if f.name != "extra")
 def _options(function: str, options: dict[str, Any], accepted: Iterable[str], arguments: Iterable[str]) -> AttnOptions:
     """``AttnOptions`` from keyword options, or a ``TypeError`` that names the unknown keyword,
     what was probably meant and every accepted option (``AttnOptions``' own error names only
-    the dataclass)."""
+    the dataclass). Eager calls remember the result per (function, options) (building the
+    dataclass costs a few microseconds per call); torch.compile traces it afresh instead."""
+    key = None
+    if not _is_compiling():
+        try:
+            key = (function, *options.items())
+            hit = _OPTIONS_MEMO.get(key)
+        except TypeError:  # an unhashable value (a list window_size, ...): validated below every time
+            key = hit = None
+        if hit is not None:
+            return hit
     accepted = tuple(accepted)
     for name in options:
         if name in accepted:
@@ -73,7 +83,14 @@ def _options(function: str, options: dict[str, Any], accepted: Iterable[str], ar
             f"{function}() got an unexpected keyword argument {name!r}{hint}; accepted keyword arguments: "
             f"{', '.join(every)}"
         )
-    return AttnOptions(**options)
+    opts = AttnOptions(**options)
+    if key is not None and len(_OPTIONS_MEMO) < _OPTIONS_MEMO_LIMIT:
+        _OPTIONS_MEMO[key] = opts
+    return opts
+
+
+_OPTIONS_MEMO: dict[tuple, AttnOptions] = {}
+_OPTIONS_MEMO_LIMIT = 1024
 
 
 def _layout_facts() -> dict[Any, tuple[int, int, str]]:
