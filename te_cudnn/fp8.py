@@ -124,7 +124,8 @@ def quantize(x: torch.Tensor, table: Fp8Table, index: int, fmt: torch.dtype) -> 
     """``x`` cast to ``fmt`` with ``table.scale[index]`` (saturating), in ``x``'s strides; the
     amax of ``x`` is folded into ``table.amax_history[0, index]``."""
     current = table.amax_history[0, index : index + 1]
-    current.copy_(torch.maximum(current, x.detach().abs().amax().float().view(1)))
+    if x.numel():  # an empty tensor has no amax (and changes none)
+        current.copy_(torch.maximum(current, x.detach().abs().amax().float().view(1)))
     x8 = torch.empty_like(x, dtype=fmt)
     return x8.copy_((x.float() * table.scale[index]).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]))
 

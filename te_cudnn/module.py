@@ -37,17 +37,41 @@ def _window(window_size: Optional[Sequence[int]], mask: str) -> tuple[int, int]:
     """TE's meaning: None is unbounded ((-1, 0) under causal masks)."""
     if window_size is None:
         return (-1, 0) if "causal" in mask else (-1, -1)
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise ValueError(f"window_size must be None or a (left, right) pair of ints, got {window_size!r}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window_size)):  # fmt: skip
+        raise ValueError(f"window_size must be None or a (left, right) pair of ints >= -1, got {window_size!r}")
     return int(window_size[0]), int(window_size[1])
 
 
-def _cu_seqlens_from_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
+def _padding_masks(attention_mask: Any, s_q: int, s_kv: int, cross: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu_seqlens_q, cu_seqlens_kv from TE's padding ``attention_mask``: one bool ``[b, 1, 1, s]``
+    tensor (self attention) or a ``(q_mask, kv_mask)`` pair."""
+    if isinstance(attention_mask, torch.Tensor) and not cross:
+        cu = _cu_seqlens_from_mask(attention_mask, "attention_mask", s_q)
+        return cu, cu
+    if (not isinstance(attention_mask, (tuple, list)) or len(attention_mask) != 2
+            or not all(isinstance(m, torch.Tensor) for m in attention_mask)):  # fmt: skip
+        want = "a (q_mask, kv_mask) pair of" if cross else "a bool [b, 1, 1, s] tensor or a (q_mask, kv_mask) pair of"
+        raise ValueError(f"attention_mask must be {want} bool [b, 1, 1, s] tensors (True = padding), got "
+                         f"{type(attention_mask).__name__}")  # fmt: skip
+    return (_cu_seqlens_from_mask(attention_mask[0], "attention_mask[0]", s_q),
+            _cu_seqlens_from_mask(attention_mask[1], "attention_mask[1]", s_kv))  # fmt: skip
+
+
+def _check_fp8_meta(meta: Any) -> Optional[Fp8AttentionMeta]:
+    if meta is not None and not isinstance(meta, Fp8AttentionMeta):
+        raise TypeError(f"fp8_meta must be a te_cudnn.Fp8AttentionMeta or None, got {type(meta).__name__}")
+    return meta
+
+
+def _cu_seqlens_from_mask(mask: torch.Tensor, name: str, s: Optional[int] = None) -> torch.Tensor:
     """TE's ``get_cu_seqlens``: a padding mask ``[b, 1, 1, s]`` (True = padding, at the end of
     each sequence) to int32 cumulative lengths ``[b + 1]``, on the device (no host sync)."""
-    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
-        raise ValueError(f"{name} must be a bool [b, 1, 1, s] padding mask (True = masked out), got "
-                         f"{mask.dtype} {list(mask.shape)}")  # fmt: skip
+    if (not isinstance(mask, torch.Tensor) or mask.layout != torch.strided or mask.dtype != torch.bool
+            or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1 or (s is not None and mask.shape[3] != s)):  # fmt: skip
+        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a bool [b, 1, 1, {'s' if s is None else s}] padding mask (True = masked "
+                         f"out), got {got}")  # fmt: skip
     lengths = (~mask).view(mask.shape[0], mask.shape[3]).sum(dim=1, dtype=torch.int32)
     return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
@@ -112,9 +136,10 @@ class DotProductAttention(torch.nn.Module):
         fp8_meta: Optional[Fp8AttentionMeta] = None,
     ) -> None:
         super().__init__()
-        for name, value in (("num_attention_heads", num_attention_heads), ("num_gqa_groups", num_gqa_groups)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, value, optional in (("num_attention_heads", num_attention_heads, False),
+                                      ("num_gqa_groups", num_gqa_groups, True)):  # fmt: skip
+            if (value is not None or not optional) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}")
         if isinstance(kv_channels, int) and not isinstance(kv_channels, bool):
             kv_channels = (kv_channels, kv_channels)
         if (not isinstance(kv_channels, (tuple, list)) or len(kv_channels) != 2
@@ -125,7 +150,7 @@ class DotProductAttention(torch.nn.Module):
         if num_attention_heads % self.num_gqa_groups:
             raise ValueError(f"num_gqa_groups={num_gqa_groups} must divide num_attention_heads={num_attention_heads}")
         self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v = kv_channels
-        if not isinstance(attention_dropout, (int, float)) or not 0.0 <= attention_dropout < 1.0:
+        if isinstance(attention_dropout, bool) or not isinstance(attention_dropout, (int, float)) or not 0.0 <= attention_dropout < 1.0:
             raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout!r}")
         self.attention_dropout = float(attention_dropout)
         self.qkv_format = _check_choice("qkv_format", qkv_format, _FORMATS)
@@ -135,11 +160,13 @@ class DotProductAttention(torch.nn.Module):
         self.layer_number = layer_number
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(self.hidden_size_per_attention_head_k)
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
         self.softmax_scale = float(softmax_scale)
         if deterministic is None:
             deterministic = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
         self.deterministic = bool(deterministic)
-        self.fp8_meta = fp8_meta
+        self.fp8_meta = _check_fp8_meta(fp8_meta)
         self._options: dict[tuple, AttnOptions] = {}
 
     def extra_repr(self) -> str:
@@ -167,6 +194,14 @@ class DotProductAttention(torch.nn.Module):
                            deterministic=self.deterministic)  # fmt: skip
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
+        self._check_shapes(q, k, v, fmt)
+        for name, t in (("key_layer", k), ("value_layer", v)):
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but query_layer is on {q.device}")
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name}.dtype={t.dtype} differs from query_layer.dtype={q.dtype}")
+
+    def _check_shapes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
         dims = 3 if fmt == "thd" else 4
         for name, t, heads, d in (
             ("query_layer", q, self.num_attention_heads, self.hidden_size_per_attention_head_k),
@@ -210,16 +245,29 @@ class DotProductAttention(torch.nn.Module):
         if (bias is None) != (bias_type != "post_scale_bias"):
             raise ValueError(f"core_attention_bias_type={bias_type!r} and core_attention_bias="
                              f"{'None' if bias is None else 'a tensor'} disagree (post_scale_bias needs the tensor)")  # fmt: skip
+        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 4):
+            raise ValueError(f"core_attention_bias must be a 4-d [1|b, 1|h, sq, skv] tensor, got "
+                             f"{list(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")  # fmt: skip
         if mask == "arbitrary":  # a user mask (True = masked out) becomes an additive bias
-            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-                raise ValueError("attn_mask_type='arbitrary' needs a bool attention_mask (True = masked out)")
-            s_dim = 0 if fmt == "sbhd" else 1
             if fmt == "thd":
                 raise ValueError("attn_mask_type='arbitrary' is not supported with qkv_format='thd'")
-            sq, skv = q.shape[s_dim], k.shape[s_dim]
-            full = attention_mask.expand(*attention_mask.shape[:-2], sq, skv)
-            if full.dim() != 4:
-                raise ValueError(f"attention_mask must be 4-d [b|1, h|1, sq, skv], got {list(attention_mask.shape)}")
+            if bias_type == "alibi":
+                raise ValueError("attn_mask_type='arbitrary' becomes a post-scale bias, which cannot be combined "
+                                 "with core_attention_bias_type='alibi'")  # fmt: skip
+            if q.dtype not in (torch.float16, torch.bfloat16):
+                raise TypeError(f"attn_mask_type='arbitrary' needs float16 or bfloat16 query_layer, got {q.dtype}")
+            s_dim = 0 if fmt == "sbhd" else 1
+            b, h, sq, skv = q.shape[1 - s_dim], q.shape[2], q.shape[s_dim], k.shape[s_dim]
+            if (not isinstance(attention_mask, torch.Tensor) or attention_mask.layout != torch.strided
+                    or attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+                    or any(n not in (1, full) for n, full in zip(attention_mask.shape, (b, h, sq, skv)))):  # fmt: skip
+                got = (f"{attention_mask.dtype} {list(attention_mask.shape)}" if isinstance(attention_mask, torch.Tensor)
+                       else type(attention_mask).__name__)  # fmt: skip
+                raise ValueError(f"attn_mask_type='arbitrary' needs a bool attention_mask of shape [1|{b}, 1|{h}, 1|{sq}, "
+                                 f"1|{skv}] (True = masked out), got {got}")  # fmt: skip
+            full = attention_mask.expand(attention_mask.shape[0], attention_mask.shape[1], sq, skv)
+            if bias is not None and any(n not in (1, f) for n, f in zip(bias.shape, (b, h, sq, skv))):
+                raise ValueError(f"core_attention_bias has shape {list(bias.shape)}; expected [1|{b}, 1|{h}, {sq}, {skv}]")
             # the dtype's lowest value, not -inf: a row with every key masked stays finite (uniform weights)
             masked = torch.zeros(full.shape, dtype=q.dtype, device=q.device).masked_fill(full, torch.finfo(q.dtype).min)
             bias = masked if bias is None else bias + masked
@@ -227,13 +275,9 @@ class DotProductAttention(torch.nn.Module):
         if "padding" in mask and fmt != "thd" and cu_seqlens_q is None:
             if attention_mask is None:
                 raise ValueError(f"attn_mask_type={mask!r} needs attention_mask or cu_seqlens_q/cu_seqlens_kv")
-            if isinstance(attention_mask, (tuple, list)):
-                cu_seqlens_q = _cu_seqlens_from_mask(attention_mask[0], "attention_mask[0]")
-                cu_seqlens_kv = _cu_seqlens_from_mask(attention_mask[1], "attention_mask[1]")
-            else:
-                if self.attention_type == "cross":
-                    raise ValueError("cross attention with a padding mask needs attention_mask=(q_mask, kv_mask)")
-                cu_seqlens_q = cu_seqlens_kv = _cu_seqlens_from_mask(attention_mask, "attention_mask")
+            s_dim = 0 if fmt == "sbhd" else 1
+            cu_seqlens_q, cu_seqlens_kv = _padding_masks(attention_mask, q.shape[s_dim], k.shape[s_dim],
+                                                         self.attention_type == "cross")  # fmt: skip
         elif attention_mask is not None and fmt == "thd":
             raise ValueError("qkv_format='thd' takes its lengths from cu_seqlens_q/kv; attention_mask is not used")
         elif attention_mask is not None and "padding" not in mask:
@@ -255,11 +299,17 @@ class DotProductAttention(torch.nn.Module):
         if fmt == "thd" and not _is_compiling():  # THD views of one packed buffer carry their own layout name
             layout = get_qkv_layout(q, k, v, "thd")
         dropout = self.attention_dropout if self.training else 0.0
-        meta = fp8_meta if fp8_meta is not None else self.fp8_meta
+        meta = _check_fp8_meta(fp8_meta) if fp8_meta is not None else self.fp8_meta
         if meta is not None:
-            if dropout or bias is not None or window != _window(None, mask):
+            if dropout or bias is not None or bias_type != "no_bias" or window != _window(None, mask):
                 raise ValueError("FP8 attention (fp8_meta) takes no dropout, bias or sliding window; set "
-                                 "attention_dropout=0 (or eval()), no bias and window_size=None")  # fmt: skip
+                                 "attention_dropout=0 (or eval()), core_attention_bias_type='no_bias' and "
+                                 "window_size=None")  # fmt: skip
+            if cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None:
+                raise ValueError("FP8 attention (fp8_meta) takes no cu_seqlens_q_padded / cu_seqlens_kv_padded")
+            if q.dtype not in (torch.float16, torch.bfloat16):
+                raise TypeError(f"FP8 attention (fp8_meta) casts float16 or bfloat16 inputs to FP8; query_layer is "
+                                f"{q.dtype}")  # fmt: skip
             opts = self._opts(layout, mask, "no_bias", window, 0.0)
             out = attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, opts)
         else:

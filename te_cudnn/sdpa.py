@@ -170,6 +170,8 @@ def mask_to_bias(
     """
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.layout != torch.strided:
+        raise TypeError(f"attn_mask must be a dense (strided) tensor, got layout {attn_mask.layout}")
     b, h, sq, skv = (int(n) for n in shape)
     mdt = attn_mask.dtype
     if mdt not in (torch.bool, torch.float32, dtype):
