@@ -788,12 +788,19 @@ def test_dropout_rng_state_shape_on_meta() -> None:
 def test_exit_hook_drops_cudnn_objects() -> None:
     """The atexit hook empties what holds cuDNN objects (torch.library keeps te_cudnn's module
     state alive to the end; plans alive when the frontend's native module is finalized are
-    reported on stderr as leaked)."""
-    from te_cudnn import ops
-    from te_cudnn.plans import handles, plan_cache
+    reported on stderr as leaked). In a subprocess: the hook clears process-wide caches."""
+    import subprocess
+    import sys
 
-    ops._fwd_memo[("probe",)] = object()
-    ops._bwd_memo[("probe",)] = object()
-    handles._idle.setdefault(0, []).append(object())
-    ops._drop_cudnn_objects()
-    assert not ops._fwd_memo and not ops._bwd_memo and not handles._idle and len(plan_cache) == 0
+    code = (
+        "import te_cudnn\n"
+        "from te_cudnn import ops\n"
+        "from te_cudnn.plans import handles, plan_cache\n"
+        "ops._fwd_memo[('probe',)] = object(); ops._bwd_memo[('probe',)] = object()\n"
+        "handles._idle.setdefault(0, []).append(object())\n"
+        "ops._drop_cudnn_objects()\n"
+        "print(len(ops._fwd_memo), len(ops._bwd_memo), len(handles._idle), len(plan_cache))\n"
+    )  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "0 0 0 0", proc.stdout
