@@ -136,7 +136,7 @@ def _readable_grad(g: torch.Tensor) -> torch.Tensor:
     return g.contiguous()
 
 
-_FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training")
+_FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training", "softmax_offset")
 #: The options :class:`Fp8FusedAttnFunc` passes on (it has no bias, dropout or window).
 _FP8_OPTIONS = ("qkv_layout", "attn_mask_type", "attn_scale", "deterministic", "fused_attention_backend")
 
@@ -149,18 +149,20 @@ def _padded(options: AttnOptions) -> dict:
 
 class FusedAttnFunc(torch.autograd.Function):
     """``out = FusedAttnFunc.apply(is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q,
-    cu_seqlens_kv, q, k, v, attn_bias, rng_gen, options)``; differentiable in q, k, v and a
-    post-scale ``attn_bias`` (when cuDNN produces dBias)."""
+    cu_seqlens_kv, q, k, v, attn_bias, rng_gen, options, softmax_offset=None)``; differentiable
+    in q, k, v, a post-scale ``attn_bias`` (when cuDNN produces dBias) and, for
+    ``softmax_type="learnable"``, the sink logits ``softmax_offset`` (fp32 ``[1, h, 1, 1]``)."""
 
     @staticmethod
-    def forward(ctx, is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, options):
+    def forward(ctx, is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen,
+                options, softmax_offset=None):  # fmt: skip
         out, aux = fused_attn_fwd(
             is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype,
             options.fused_attention_backend, attn_bias=attn_bias, attn_scale=options.attn_scale,
             dropout=options.dropout, qkv_layout=options.qkv_layout, attn_bias_type=options.attn_bias_type,
             attn_mask_type=options.attn_mask_type, softmax_type=options.softmax_type,
             window_size=options.window_size, bottom_right_diagonal=options.bottom_right_diagonal, rng_gen=rng_gen,
-            **_padded(options),
+            softmax_offset=softmax_offset, **_padded(options),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, *aux)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_kv)
@@ -171,14 +173,14 @@ class FusedAttnFunc(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, cu_q, cu_kv, *aux = ctx.saved_tensors
         o = ctx.options
-        dq, dk, dv, dbias = fused_attn_bwd(
+        dq, dk, dv, dbias, d_offset = fused_attn_bwd(
             *ctx.max_seqlens, cu_q, cu_kv, q, k, v, out, _readable_grad(d_out), q.dtype, aux,
             o.fused_attention_backend, attn_scale=o.attn_scale, dropout=o.dropout, qkv_layout=o.qkv_layout,
             attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type, softmax_type=o.softmax_type,
             window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal, deterministic=o.deterministic,
             **_padded(o),
         )  # fmt: skip
-        return None, None, None, None, None, dq, dk, dv, dbias, None, None
+        return None, None, None, None, None, dq, dk, dv, dbias, None, None, d_offset
 
 
 def fused_attention(
@@ -191,24 +193,26 @@ def fused_attention(
     cu_seqlens_kv: Optional[torch.Tensor] = None,
     rng_gen: Optional[torch.Generator] = None,
     is_training: Optional[bool] = None,
+    softmax_offset: Optional[torch.Tensor] = None,
     **options: Any,
 ) -> torch.Tensor:
     """Differentiable fused attention with keyword options (see :class:`AttnOptions`).
 
     Sequence lengths are read off q and k for the layout's format; ``is_training`` defaults
-    to ``torch.is_grad_enabled()``. An unknown keyword raises ``TypeError`` naming it and
-    listing the accepted ones.
+    to ``torch.is_grad_enabled()``. Attention sinks: ``softmax_type="learnable"`` with
+    ``softmax_offset`` (fp32 ``[1, h, 1, 1]``, differentiable) or ``"off_by_one"`` (no offset
+    needed). An unknown keyword raises ``TypeError`` naming it and listing the accepted ones.
     """
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
     q_dim, kv_dim, _ = _facts(opts.qkv_layout)
     if is_training is None:
         is_training = torch.is_grad_enabled()
     return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[q_dim], k.shape[kv_dim], is_training,
-                  rng_gen, opts)  # fmt: skip
+                  rng_gen, opts, softmax_offset=softmax_offset)  # fmt: skip
 
 
 def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training, rng_gen,
-           opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None) -> torch.Tensor:  # fmt: skip
+           opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, softmax_offset=None) -> torch.Tensor:  # fmt: skip
     """The one dispatch point of the differentiable F16 attention (``fused_attention``, the
     module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph,
     :class:`FusedAttnFunc` over the plans in eager mode."""
@@ -222,12 +226,13 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
             attn_scale=opts.attn_scale, dropout=opts.dropout, window_size=opts.window_size,
             bottom_right_diagonal=opts.bottom_right_diagonal, backend=opts.fused_attention_backend,
             softmax_type=opts.softmax_type, deterministic=opts.deterministic, cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded, rng_gen=rng_gen,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, rng_gen=rng_gen, softmax_offset=softmax_offset,
         )  # fmt: skip
     if cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None:
         opts = replace(opts, extra={**opts.extra, "cu_seqlens_padded": (cu_seqlens_q_padded, cu_seqlens_kv_padded)})
     return FusedAttnFunc.apply(
-        is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts
+        is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts,
+        softmax_offset,
     )
 
 
@@ -254,7 +259,7 @@ class Fp8FusedAttnFunc(torch.autograd.Function):
         q8, k8, v8, out8, cu_q, cu_kv, *aux = ctx.saved_tensors
         meta, o = ctx.meta, ctx.options
         d_o8 = meta.quantize(_readable_grad(d_out), "do")
-        dq8, dk8, dv8, _ = fused_attn_bwd(
+        dq8, dk8, dv8, _, _ = fused_attn_bwd(
             *ctx.max_seqlens, cu_q, cu_kv, q8, k8, v8, out8, d_o8, q8.dtype, aux, o.fused_attention_backend,
             attn_scale=o.attn_scale, qkv_layout=o.qkv_layout, attn_mask_type=o.attn_mask_type,
             deterministic=o.deterministic, **meta.bwd_kwargs(),

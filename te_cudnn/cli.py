@@ -435,6 +435,7 @@ WARM_KEYS: dict[str, tuple[tuple[type, ...], Any, str]] = {
     "d_v": ((int,), "d", "head dim of v"),
     "layout": ((str,), "bshd_bshd_bshd", "qkv_layout: an sbhd, bshd or thd layout, packed or not"),
     "mask": ((str,), "no_mask", "attn_mask_type"),
+    "softmax_type": ((str,), "vanilla", "vanilla, off_by_one or learnable (attention sinks)"),
     "dtype": ((str,), "bfloat16", "bfloat16/bf16 or float16/fp16/half"),
     "training": ((bool,), True, "also build the backward plan"),
     "deterministic": ((bool,), False, "the deterministic backward"),
@@ -555,7 +556,7 @@ def _explain_config(c: dict[str, Any], env) -> Any:
 
     return explain(
         is_training=c["training"], q_dtype=c["torch_dtype"], kv_dtype=c["torch_dtype"], qkv_layout=c["layout"],
-        attn_bias_type="no_bias", attn_mask_type=c["mask"], softmax_type="vanilla", dropout=float(c["dropout"]),
+        attn_bias_type="no_bias", attn_mask_type=c["mask"], softmax_type=c["softmax_type"], dropout=float(c["dropout"]),
         num_attn_heads=c["h"], num_gqa_groups=c["hg"], max_seqlen_q=c["sq"], max_seqlen_kv=c["skv"],
         head_dim_qk=c["d"], head_dim_v=c["d_v"], window_size_left=c["window"][0], window_size_right=c["window"][1],
         deterministic=c["deterministic"], batch_size=c["b"], env=env,
@@ -607,8 +608,9 @@ def _warm_one(c: dict[str, Any]) -> None:
     cu_q = torch.arange(0, (c["b"] + 1) * sq, sq, dtype=torch.int32, device="cuda")
     cu_kv = torch.arange(0, (c["b"] + 1) * skv, skv, dtype=torch.int32, device="cuda")
     kw = dict(qkv_layout=c["layout"], attn_mask_type=c["mask"], attn_scale=c["attn_scale"], dropout=float(c["dropout"]),
-              window_size=tuple(c["window"]))  # fmt: skip
-    out, aux = fused_attn_fwd(c["training"], sq, skv, cu_q, cu_kv, q, k, v, dtype, None, **kw)
+              window_size=tuple(c["window"]), softmax_type=c["softmax_type"])  # fmt: skip
+    offset = None if c["softmax_type"] != "learnable" else torch.zeros(1, c["h"], 1, 1, device="cuda")
+    out, aux = fused_attn_fwd(c["training"], sq, skv, cu_q, cu_kv, q, k, v, dtype, None, softmax_offset=offset, **kw)
     if c["training"]:
         fused_attn_bwd(sq, skv, cu_q, cu_kv, q, k, v, out, out, dtype, aux, None, deterministic=c["deterministic"],
                        **kw)
@@ -659,10 +661,11 @@ def cmd_explain(args) -> int:
     try:
         ex = explain(
             is_training=not args.inference, q_dtype=dtype, kv_dtype=dtype, qkv_layout=args.layout,
-            attn_bias_type=args.bias, attn_mask_type=args.mask, softmax_type="vanilla", dropout=args.dropout,
+            attn_bias_type=args.bias, attn_mask_type=args.mask, softmax_type=args.softmax_type, dropout=args.dropout,
             num_attn_heads=args.heads, num_gqa_groups=args.gqa_groups or args.heads, max_seqlen_q=args.sq,
             max_seqlen_kv=skv, head_dim_qk=args.d, head_dim_v=args.d_v or args.d, window_size_left=args.window[0],
             window_size_right=args.window[1], deterministic=args.deterministic, batch_size=args.batch, env=env,
+            return_max_logit=args.return_max_logit,
         )  # fmt: skip
     except (ValueError, TypeError) as exc:
         raise CliError(_one_line(exc), EXIT_USAGE) from None
@@ -755,6 +758,10 @@ def build_parser() -> argparse.ArgumentParser:
     xp.add_argument("--mask", default="no_mask", help="attn_mask_type: no_mask, causal, causal_bottom_right, padding, "
                     "padding_causal, padding_causal_bottom_right")  # fmt: skip
     xp.add_argument("--bias", default="no_bias", help="attn_bias_type: no_bias, post_scale_bias, pre_scale_bias, alibi")
+    xp.add_argument("--softmax-type", default="vanilla", help="softmax_type: vanilla, off_by_one or learnable "
+                    "(attention sinks)")  # fmt: skip
+    xp.add_argument("--return-max-logit", action="store_true", help="also return the per-head maximum logit "
+                    "(TE 2.x return_max_logit)")  # fmt: skip
     xp.add_argument("--batch", type=int, default=1, help="batch size (THD layouts are planned for its bucket: 32, "
                     "then powers of two)")  # fmt: skip
     xp.add_argument("--heads", type=int, required=True, help="query heads (required)")

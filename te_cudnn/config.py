@@ -20,7 +20,7 @@ from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
 from .layouts import alloc_qkv_grads, bhsd_dims, get_qkv_layout, layout_info
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
 
-__all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "F16_DTYPES", "FP8_DTYPES"]
+__all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "check_softmax_offset", "F16_DTYPES", "FP8_DTYPES"]
 
 F16_DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
@@ -78,6 +78,11 @@ class AttnConfig:
     # The caller's post-scale bias has strides (or a start address) cuDNN cannot take: it is
     # copied into an aligned buffer with ``bias_stride`` (the one place the fused path copies).
     bias_copy: bool = False
+    # Forward: also output the per-row maximum logit (TE 2.x ``return_max_logit``, for QK-clip).
+    return_max_logit: bool = False
+    # TE 2.x ``cuda_graph``: the call runs in a CUDA graph. Changes eligibility only (cuDNN bug
+    # workarounds), never the graph; plan keys drop it.
+    cuda_graph: bool = False
 
     @property
     def is_ragged(self) -> bool:
@@ -97,12 +102,30 @@ class AttnConfig:
         return self.is_training and self.dropout > 0.0
 
     @property
+    def has_sink(self) -> bool:
+        """A sink logit in the softmax denominator (off_by_one: 0, learnable: the offset)."""
+        return self.softmax_type != SoftmaxType.vanilla
+
+    @property
+    def has_dsink(self) -> bool:
+        """The backward produces d_softmax_offset (learnable sinks only)."""
+        return self.softmax_type == SoftmaxType.learnable
+
+    @property
+    def dsink_in_graph(self) -> bool:
+        """cuDNN's backward graph computes d_softmax_offset (``dSink_token``) itself. Only for THD
+        and FP8: for dense F16 tensors te_cudnn computes it after the graph (te_cudnn.sink_grad:
+        cuDNN 9.19's dSink made the gpt-oss backward 1.4-2.2x slower and was not bit-reproducible
+        under ``deterministic=True``; measured on H100)."""
+        return self.has_dsink and (self.ragged_q or self.dtype in FP8_DTYPES)
+
+    @property
     def has_dbias(self) -> bool:
         """cuDNN produces dBias unless the bias broadcasts over b, h and sq (TE's 111s rule)."""
         return self.bias_type == AttnBiasType.post_scale_bias and self.bias_shape is not None and self.bias_shape[:3] != (1, 1, 1)
 
     def for_backward(self, do_stride: tuple[int, ...], deterministic: bool) -> "AttnConfig":
-        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic)
+        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic, return_max_logit=False)
 
     def summary(self) -> str:
         """One line for error messages."""
@@ -118,6 +141,8 @@ class AttnConfig:
             parts.append(f"dropout={self.dropout}")
         if self.softmax_type != SoftmaxType.vanilla:
             parts.append(f"softmax={self.softmax_type.name}")
+        if self.return_max_logit:
+            parts.append("return_max_logit")
         if self.deterministic:
             parts.append("deterministic")
         parts.append("training" if self.is_training else "inference")
@@ -290,8 +315,11 @@ def describe_fwd(
     window_size: Any,
     bottom_right_diagonal: Optional[bool],
     deterministic: bool = False,
+    softmax_offset: Optional[torch.Tensor] = None,
+    return_max_logit: Any = False,
+    cuda_graph: Any = False,
 ) -> AttnConfig:
-    """Validate a forward call and describe it (dense, THD and mixed layouts; not paged)."""
+    """Validate a forward call and describe it (dense, THD, mixed and paged layouts)."""
     if isinstance(v, torch.dtype) and not isinstance(is_training, bool):  # every positional moved up by one
         raise TypeError(
             f"v must be a torch.Tensor, got the dtype {v} (and is_training={_value(is_training)}): is is_training "
@@ -471,6 +499,10 @@ def describe_fwd(
         bottom_right_diagonal = mask.is_bottom_right
     elif not isinstance(bottom_right_diagonal, bool):
         raise TypeError(f"bottom_right_diagonal must be a bool or None, got {type(bottom_right_diagonal).__name__}")
+    check_softmax_offset(softmax, softmax_offset, h, q)
+    for name, flag in (("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {_value(flag)}")
 
     return AttnConfig(
         dtype=dtype,
@@ -507,7 +539,31 @@ def describe_fwd(
         grad_strides=grad_strides,
         paged=paged,
         empty=empty,
+        return_max_logit=return_max_logit,
+        cuda_graph=cuda_graph,
     )
+
+
+def check_softmax_offset(softmax: SoftmaxType, offset: Any, h: int, q: torch.Tensor, name: str = "softmax_offset") -> None:
+    """TE 2.x's sink tensor: fp32 ``[1, h, 1, 1]`` (contiguous, 16-byte aligned, on q's device);
+    required for ``learnable``, optional for ``off_by_one`` (zeros), refused for ``vanilla``."""
+    if offset is None:
+        if softmax == SoftmaxType.learnable:
+            raise ValueError(f"softmax_type='learnable' needs {name}: the per-head sink logits, float32 [1, {h}, 1, 1]")
+        return
+    if softmax == SoftmaxType.vanilla:
+        raise ValueError(f"{name} was given but softmax_type='vanilla'; pass softmax_type='learnable' (or "
+                         "'off_by_one', whose offset is zeros) to use attention sinks")  # fmt: skip
+    _tensor(name, offset)
+    if offset.dtype != torch.float32 or tuple(offset.shape) != (1, h, 1, 1):
+        raise ValueError(f"{name} must be a float32 [1, {h}, 1, 1] tensor (one sink logit per query head), got "
+                         f"{str(offset.dtype).removeprefix('torch.')} {list(offset.shape)}")  # fmt: skip
+    _same_device(name, offset, q)
+    if not offset.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got stride {tuple(offset.stride())}")
+    if offset.device.type == "cuda" and offset.data_ptr() % 16:
+        raise ValueError(f"{name} must start on a 16-byte boundary (cuDNN reads it as a tensor), got data_ptr % 16 = "
+                         f"{offset.data_ptr() % 16}")  # fmt: skip
 
 
 def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) -> int:
@@ -561,12 +617,12 @@ def describe_bwd(
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if not isinstance(aux_ctx_tensors, (list, tuple)):
         raise TypeError(f"aux_ctx_tensors must be the list fused_attn_fwd returned, got {type(aux_ctx_tensors).__name__}")
-    want = 3 if fwd.bias_type == AttnBiasType.post_scale_bias else 2
+    has_bias = fwd.bias_type == AttnBiasType.post_scale_bias
+    want = 2 + has_bias + fwd.has_sink
     if len(aux_ctx_tensors) < want:
-        raise ValueError(
-            f"aux_ctx_tensors must hold [softmax_stats, rng_state{', bias' if want == 3 else ''}] as returned by "
-            f"fused_attn_fwd; got {len(aux_ctx_tensors)} tensor(s)"
-        )
+        names = "softmax_stats, rng_state" + (", bias" if has_bias else "") + (", softmax_offset" if fwd.has_sink else "")
+        raise ValueError(f"aux_ctx_tensors must hold [{names}] as returned by fused_attn_fwd; got "
+                         f"{len(aux_ctx_tensors)} tensor(s)")  # fmt: skip
     stats, rng_state = _tensor("aux_ctx_tensors[0]", aux_ctx_tensors[0]), _tensor("aux_ctx_tensors[1]", aux_ctx_tensors[1])
     stats_shape = (q.shape[0], fwd.h, 1) if fwd.ragged_q else (fwd.b, fwd.h, fwd.sq, 1)
     softmax_shape = (fwd.b, fwd.h, fwd.sq, fwd.skv)
@@ -584,7 +640,9 @@ def describe_bwd(
     _same_device("aux_ctx_tensors[0]", stats, q)
     _same_device("aux_ctx_tensors[1]", rng_state, q)
     bias = None
-    if want == 3:
+    if fwd.has_sink:
+        check_softmax_offset(fwd.softmax_type, aux_ctx_tensors[want - 1], fwd.h, q, f"aux_ctx_tensors[{want - 1}] (softmax_offset)")
+    if has_bias:
         bias = _tensor("aux_ctx_tensors[2]", aux_ctx_tensors[2])
         if tuple(bias.shape) != fwd.bias_shape:  # its strides: read in place, or copied (fwd.bias_copy)
             raise ValueError(f"aux_ctx_tensors[2] (bias) must match the forward's attn_bias {list(fwd.bias_shape or ())}")
@@ -643,6 +701,8 @@ def describe_shapes(
     bias_shape: Optional[Sequence[int]] = None,
     attn_scale: Optional[float] = None,
     device: int = -1,
+    return_max_logit: bool = False,
+    cuda_graph: bool = False,
 ) -> AttnConfig:
     """Describe a call from sizes alone (tensors laid out as ``qkv_layout`` names them).
 
@@ -658,7 +718,8 @@ def describe_shapes(
     if not isinstance(dtype, torch.dtype) or dtype not in F16_DTYPES + FP8_DTYPES:
         raise TypeError(f"q_dtype={dtype if isinstance(dtype, torch.dtype) else _value(dtype)}: fused attention takes "
                         "torch.float16, torch.bfloat16, torch.float8_e4m3fn or torch.float8_e5m2")  # fmt: skip
-    for name, flag in (("is_training", is_training), ("deterministic", deterministic)):
+    for name, flag in (("is_training", is_training), ("deterministic", deterministic),
+                       ("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):  # fmt: skip
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {_value(flag)}")
     ragged = info.q_format == QKVFormat.thd
@@ -710,5 +771,6 @@ def describe_shapes(
         ragged_q=ragged, ragged_kv=ragged,
         max_total_q=bucket_tokens(total_q) if ragged else 0, max_total_kv=bucket_tokens(total_kv) if ragged else 0,
         stats_stride=(sq * h, 1, h, 1) if ragged else (h * sq, sq, 1, 1),
-        grad_strides=(st["q"], st["k"], st["v"]), empty=empty,
+        grad_strides=(st["q"], st["k"], st["v"]), empty=empty, return_max_logit=return_max_logit,
+        cuda_graph=cuda_graph,
     )  # fmt: skip

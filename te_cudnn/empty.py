@@ -67,8 +67,10 @@ def empty_bwd(
     bias: Optional[torch.Tensor],
     amax_slots: Sequence[tuple[Optional[torch.Tensor], int]] = (),
 ) -> list[Optional[torch.Tensor]]:
-    """``[dq, dk, dv, dbias]`` of a zero-size backward: zeros."""
+    """``[dq, dk, dv, dbias, d_softmax_offset]`` of a zero-size backward: zeros (None where
+    there is no such gradient)."""
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=True, dtype=cfg.do_dtype)
     dbias = torch.zeros_like(bias) if bias is not None and cfg.has_dbias else None
+    d_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=q.device) if cfg.has_dsink else None
     _zero_slots(amax_slots)
-    return [dq, dk, dv, dbias]
+    return [dq, dk, dv, dbias, d_sink]

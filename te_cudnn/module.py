@@ -94,6 +94,11 @@ class DotProductAttention(torch.nn.Module):
         deterministic: bit-reproducible backward (TE reads ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``; so
             does the default here).
         fp8_meta: run attention in FP8 with these scales (:class:`te_cudnn.Fp8AttentionMeta`).
+        softmax_type: ``"vanilla"`` (default), ``"off_by_one"`` (an attention sink of logit 0: the
+            softmax denominator is ``1 + Σ exp``) or ``"learnable"`` (a per-head sink logit
+            ``α_h``: ``exp(α_h) + Σ exp``). For ``"learnable"`` the module owns
+            ``softmax_offset``, an fp32 ``nn.Parameter`` of shape ``[h]`` initialised to zeros
+            (TransformerEngine's name and initialisation), trained with the model.
 
     Shapes (``h`` heads, ``hg`` key/value heads): query ``[sq, b, h, d_qk]`` (sbhd),
     ``[b, sq, h, d_qk]`` (bshd) or ``[t_q, h, d_qk]`` (thd); key/value likewise with ``skv`` and
@@ -134,6 +139,7 @@ class DotProductAttention(torch.nn.Module):
         softmax_scale: Optional[float] = None,
         deterministic: Optional[bool] = None,
         fp8_meta: Optional[Fp8AttentionMeta] = None,
+        softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
         for name, value, optional in (("num_attention_heads", num_attention_heads, False),
@@ -167,6 +173,11 @@ class DotProductAttention(torch.nn.Module):
             deterministic = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0"
         self.deterministic = bool(deterministic)
         self.fp8_meta = _check_fp8_meta(fp8_meta)
+        self.softmax_type = _check_choice("softmax_type", softmax_type, ("vanilla", "off_by_one", "learnable"))
+        if self.softmax_type == "learnable":  # TE: Parameter(zeros(h)); the sink logit of each query head
+            self.softmax_offset = torch.nn.Parameter(torch.zeros(num_attention_heads, dtype=torch.float32))
+        else:
+            self.softmax_offset = None  # off_by_one: te_cudnn passes zeros
         self._options: dict[tuple, AttnOptions] = {}
 
     def extra_repr(self) -> str:
@@ -174,7 +185,8 @@ class DotProductAttention(torch.nn.Module):
                 f"kv_channels=({self.hidden_size_per_attention_head_k}, {self.hidden_size_per_attention_head_v}), "
                 f"qkv_format={self.qkv_format!r}, attn_mask_type={self.attn_mask_type!r}, "
                 f"window_size={self.window_size}, attention_dropout={self.attention_dropout}, "
-                f"softmax_scale={self.softmax_scale:.6g}")  # fmt: skip
+                f"softmax_scale={self.softmax_scale:.6g}"
+                + (f", softmax_type={self.softmax_type!r}" if self.softmax_type != "vanilla" else ""))  # fmt: skip
 
     def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
         """The call's options, remembered per combination in eager mode (a dataclass costs a few
@@ -182,7 +194,7 @@ class DotProductAttention(torch.nn.Module):
         and the compiled code then carries no guards on the cache dict."""
         if _is_compiling():
             return self._make_opts(layout, mask, bias_type, window, dropout)
-        key = (layout, mask, bias_type, window, dropout, self.softmax_scale, self.deterministic)
+        key = (layout, mask, bias_type, window, dropout, self.softmax_scale, self.deterministic, self.softmax_type)
         opts = self._options.get(key)
         if opts is None:
             opts = self._options[key] = self._make_opts(layout, mask, bias_type, window, dropout)
@@ -191,7 +203,7 @@ class DotProductAttention(torch.nn.Module):
     def _make_opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
         return AttnOptions(qkv_layout=layout, attn_mask_type=mask, attn_bias_type=bias_type,
                            attn_scale=self.softmax_scale, dropout=dropout, window_size=window,
-                           deterministic=self.deterministic)  # fmt: skip
+                           deterministic=self.deterministic, softmax_type=self.softmax_type)  # fmt: skip
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmt: str) -> None:
         self._check_shapes(q, k, v, fmt)
@@ -310,11 +322,20 @@ class DotProductAttention(torch.nn.Module):
             if q.dtype not in (torch.float16, torch.bfloat16):
                 raise TypeError(f"FP8 attention (fp8_meta) casts float16 or bfloat16 inputs to FP8; query_layer is "
                                 f"{q.dtype}")  # fmt: skip
+            if self.softmax_type != "vanilla":
+                raise ValueError(f"FP8 attention (fp8_meta) with softmax_type={self.softmax_type!r}: the module's FP8 "
+                                 "path takes no attention sinks (cuDNN serves FP8 sinks from 9.21; call "
+                                 "te_cudnn.fused_attn_fwd with FP8 tensors and softmax_offset there)")  # fmt: skip
             opts = self._opts(layout, mask, "no_bias", window, 0.0)
             out = attend_fp8(q, k, v, meta, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, opts)
         else:
             opts = self._opts(layout, mask, bias_type, window, dropout)
             is_training = self.training or torch.is_grad_enabled()  # stats for a backward whenever one can follow
+            offset = self.softmax_offset
+            if offset is not None:  # [h] -> TE's fp32 [1, h, 1, 1] (a view; a cast if the model was cast)
+                offset = offset.view(1, -1, 1, 1)
+                if offset.dtype != torch.float32:
+                    offset = offset.float()
             out = attend(q, k, v, bias, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, is_training, None, opts,
-                         cu_seqlens_q_padded, cu_seqlens_kv_padded)  # fmt: skip
+                         cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_offset=offset)  # fmt: skip
         return out.view(*out.shape[:-2], out.shape[-2] * out.shape[-1])

@@ -20,7 +20,7 @@ import torch
 
 from . import policy as _policy
 from .backends import BY_ENUM, Direction, SubBackend
-from .config import AttnConfig, _check_cu_seqlens, _value, describe_bwd, describe_fwd, describe_shapes
+from .config import AttnConfig, _check_cu_seqlens, _value, check_softmax_offset, describe_bwd, describe_fwd, describe_shapes
 from .empty import empty_bwd, empty_fwd
 from .errors import CaptureMissError
 from .enums import (
@@ -32,14 +32,17 @@ from .enums import (
     META_S,
     AttnBiasType,
     FusedAttnBackend,
+    QKVFormat,
     QKVLayout,
+    SoftmaxType,
 )
-from .layouts import alloc_qkv_grads
+from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
 from .policy import token as _policy_token
+from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
 from .runtime import RuntimeEnv, current_env, frontend_version
 
@@ -72,6 +75,8 @@ class _Prepared:
     softmax_aux: bool = False  # F16_max512_seqlen: aux[0] is the full softmax S, not fp32 stats
     plain: bool = False  # forward binds q, k, v, o, stats only (the shortest hot path)
     zero_rng: Optional[torch.Tensor] = None  # the device's shared all-zero rng_state
+    zero_sink: Optional[torch.Tensor] = None  # off_by_one without softmax_offset: zeros [1, h, 1, 1]
+    sink_index: int = 2  # backward: where aux_ctx_tensors holds softmax_offset
     full_lens: Optional[list] = None  # max512: int32 [b,1,1,1] lengths sq and skv for its length mask
     zero_stats: bool = False  # max512 causal: S must start zeroed
     empty: bool = False  # a zero-size call: answered by te_cudnn.empty, never by cuDNN
@@ -109,6 +114,11 @@ def _remember(memo: dict[tuple, _Prepared], sig: Optional[tuple], prepared: _Pre
 
 def _meta(t: Optional[torch.Tensor]) -> Any:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _sink_sig(t: torch.Tensor) -> tuple:
+    """What a call signature keeps of ``softmax_offset`` (checked once per signature)."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15)
 
 
 def _misaligned(**tensors: Optional[torch.Tensor]) -> None:
@@ -535,6 +545,9 @@ def fused_attn_fwd(
     window_size: Sequence[int] = (-1, -1),
     bottom_right_diagonal: Optional[bool] = None,
     rng_gen: Optional[torch.Generator] = None,
+    softmax_offset: Optional[torch.Tensor] = None,
+    return_max_logit: bool = False,
+    cuda_graph: bool = False,
     *,
     out: Optional[torch.Tensor] = None,
     softmax_lse: Optional[torch.Tensor] = None,
@@ -612,6 +625,7 @@ def fused_attn_fwd(
             (d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
             (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset, amax_o_offset)),
         _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
+        None if softmax_offset is None else _sink_sig(softmax_offset), return_max_logit, cuda_graph,
         )  # fmt: skip
         prep = _fwd_memo.get(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
@@ -630,7 +644,8 @@ def fused_attn_fwd(
         _execute(plan, buffers, prep.device, checked=True)
         return buffers[3], [buffers[4], prep.zero_rng]
     if prep.empty:
-        return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)))
+        return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)),
+                          softmax_offset)  # fmt: skip
     if prep.varlen or page_table_k is not None:
         _check_runtime_tensors(prep, q, (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
                                () if page_table_k is None else (page_table_k, page_table_v))  # fmt: skip
@@ -672,10 +687,21 @@ def fused_attn_fwd(
         buffers.append(_aligned_bias(attn_bias, cfg) if cfg.bias_copy else attn_bias)
     if prep.rng_increment:
         buffers.extend(_seed_offset(rng_state))
+    sink = None
+    if cfg.has_sink:  # sink logits after the dropout operands (the builders' uid order)
+        sink = prep.zero_sink if softmax_offset is None else softmax_offset
+        if not prep.fp8:
+            buffers.append(sink)
+    max_rows = None
+    if cfg.return_max_logit:  # shaped as the stats
+        max_rows = torch.empty_like(stats)
+        buffers.append(max_rows)
     if prep.fp8:
         buffers += fp8_fwd_operands(d_scale_qkv, d_scale_qkv_offset, d_scale_s, d_scale_s_offset, q_scale_s,
                                     q_scale_s_offset, q_scale_o, q_scale_o_offset, amax_s, amax_s_offset, amax_o,
                                     amax_o_offset)  # fmt: skip
+        if sink is not None:  # FP8: after the scaling operands
+            buffers.append(sink)
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     elif prep.full_lens is not None:
@@ -687,10 +713,33 @@ def fused_attn_fwd(
     aux = [stats, rng_state]
     if attn_bias is not None:
         aux.append(attn_bias)
+    if sink is not None:  # TE 2.x: the offset rides along for the backward
+        aux.append(sink)
+    if max_rows is not None:
+        return out, aux, _max_logit(max_rows, prep, cu_seqlens_q, cu_seqlens_q_padded)
     return out, aux
 
 
-def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_slots) -> tuple[torch.Tensor, list]:
+def _max_logit(rows: torch.Tensor, prep: _Prepared, cu_q: Optional[torch.Tensor], cu_q_padded: Optional[torch.Tensor]) -> torch.Tensor:
+    """TE 2.x's ``max_logit``: the per-head maximum of cuDNN's per-row maxima, ``[h]`` in O's
+    dtype. Rows that hold no query (THD padding tokens, padded positions) are left out."""
+    cfg = prep.cfg
+    if cfg.ragged_q:  # [t, h, 1]: rows of tokens outside every sequence are undefined
+        t = rows.shape[0]
+        pos = torch.arange(t, device=rows.device, dtype=torch.int32)
+        starts = cu_q if cu_q_padded is None else cu_q_padded
+        seq = (torch.searchsorted(starts, pos, right=True) - 1).clamp(0, starts.shape[0] - 2)
+        valid = pos - starts[seq] < (cu_q[seq + 1] - cu_q[seq])
+        rows = rows.masked_fill(~valid.view(t, 1, 1), float("-inf"))
+        return rows.amax(dim=(0, 2)).to(cfg.dtype)
+    if cfg.mask.is_padding and cu_q is not None:  # [b, h, sq, 1]: positions past each sequence's end
+        lens = (cu_q[1:] - cu_q[:-1]).view(-1, 1, 1, 1)
+        pos = torch.arange(rows.shape[2], device=rows.device).view(1, 1, -1, 1)
+        rows = rows.masked_fill(pos >= lens, float("-inf"))
+    return rows.amax(dim=(0, 2, 3)).to(cfg.dtype)
+
+
+def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_slots, softmax_offset) -> tuple:
     """A zero-size forward (see te_cudnn.empty): no cuDNN call, and the generator advances
     as a non-empty call's would."""
     cfg = prep.cfg
@@ -699,6 +748,10 @@ def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_sl
     aux = [stats, _rng_state(prep, rng_gen)]
     if attn_bias is not None:
         aux.append(attn_bias)
+    if cfg.has_sink:
+        aux.append(prep.zero_sink if softmax_offset is None else softmax_offset)
+    if cfg.return_max_logit:  # no logits at all: the maximum of nothing
+        return o, aux, torch.full((cfg.h,), float("-inf"), dtype=cfg.dtype, device=q.device)
     return o, aux
 
 
@@ -718,7 +771,8 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         page_table_k=a["page_table_k"], page_table_v=a["page_table_v"],
         qkv_layout=layout, attn_bias_type=a["attn_bias_type"], attn_mask_type=a["attn_mask_type"],
         softmax_type=a["softmax_type"], window_size=a["window_size"],
-        bottom_right_diagonal=a["bottom_right_diagonal"],
+        bottom_right_diagonal=a["bottom_right_diagonal"], softmax_offset=a["softmax_offset"],
+        return_max_logit=a["return_max_logit"], cuda_graph=a["cuda_graph"],
     )  # fmt: skip
     fp8_names = ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")
     _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
@@ -765,7 +819,9 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     prep.plain = not (cfg.has_dropout or prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
-                      or prep.softmax_aux or prep.empty)  # fmt: skip
+                      or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit)  # fmt: skip
+    if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
+        prep.zero_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
     if cfg.bias_copy:
         _log.debug("attn_bias %s stride %s (data_ptr %% 16 = %d) cannot be read by cuDNN in place: each call copies it "
                    "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a["attn_bias"].stride()),
@@ -826,14 +882,17 @@ def fused_attn_bwd(
     window_size: Sequence[int] = (-1, -1),
     bottom_right_diagonal: Optional[bool] = None,
     deterministic: bool = False,
+    cuda_graph: bool = False,
 ) -> list[Optional[torch.Tensor]]:
-    """Fused attention backward (TransformerEngine's ``fused_attn_bwd``).
+    """Fused attention backward (TransformerEngine 2.x's ``fused_attn_bwd``).
 
     Takes the forward's inputs, its output ``o``, the output gradient ``d_o`` (any strides
-    with a unit-stride last dim) and the forward's ``aux_ctx_tensors``; the options must
-    match the forward's. Returns ``[dq, dk, dv, dbias]`` in the layout's own format (for
+    with a unit-stride last dim) and the forward's ``aux_ctx_tensors`` (with a sink, its last
+    entry is the ``softmax_offset`` the forward used); the options must match the forward's.
+    Returns ``[dq, dk, dv, dbias, d_softmax_offset]`` in the layout's own format (for
     packed layouts dq/dk/dv are views of one buffer, as in TE); ``dbias`` is None without a
-    post-scale bias or when the bias broadcasts over b, h and sq. ``deterministic=True``
+    post-scale bias or when the bias broadcasts over b, h and sq; ``d_softmax_offset`` (fp32
+    ``[1, h, 1, 1]``) is None unless ``softmax_type="learnable"``. ``deterministic=True``
     asks cuDNN for a bit-reproducible backward (on Hopper its workspace grows as sq x skv).
 
     Raises the same errors as :func:`fused_attn_fwd`.
@@ -847,8 +906,9 @@ def fused_attn_bwd(
         d_o.stride(), d_o.dtype, d_o.get_device(), qkv_dtype,
         fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
         tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
-        len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:3]),
-        aux_ctx_tensors[2].data_ptr() & 15 if len(aux_ctx_tensors) > 2 else None,  # an unaligned bias is copied
+        len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:4]),
+        # an unaligned bias is copied; an unaligned softmax_offset is refused
+        *(t.data_ptr() & 15 for t in aux_ctx_tensors[2:4]), cuda_graph,
         cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
         None if all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
                                          q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)) else _fp8_sig(
@@ -875,7 +935,7 @@ def fused_attn_bwd(
     cfg = prep.cfg
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
     if prep.softmax_aux:
-        return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors)
+        return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
     # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
     buffers = [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv]
     dbias = None
@@ -887,6 +947,15 @@ def fused_attn_bwd(
             buffers.append(dbias)
     if cfg.has_dropout:
         buffers.extend(_seed_offset(aux_ctx_tensors[1]))
+    sink_ops: list[torch.Tensor] = []
+    d_sink = None
+    if cfg.has_sink:  # [softmax_offset, (d_softmax_offset)]: after dropout (F16) or the scaling operands (FP8)
+        sink_ops.append(aux_ctx_tensors[prep.sink_index])
+        if cfg.dsink_in_graph:  # cuDNN accumulates it across rows: it starts at zero
+            d_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
+            sink_ops.append(d_sink)
+        if not prep.fp8:
+            buffers += sink_ops
     amax3 = None
     if prep.fp8:
         amax3 = torch.empty((3, 1, 1, 1), dtype=torch.float32, device=prep.device)  # dQ, dK, dV amaxes
@@ -895,14 +964,24 @@ def fused_attn_bwd(
             d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s, q_scale_s_offset, q_scale_dqkv,
             q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset, amax_dp, amax_dp_offset,
         )  # fmt: skip
+        buffers += sink_ops
     if prep.varlen:
         buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _execute(plan, buffers, prep.device)
+    if cfg.has_dsink and not cfg.dsink_in_graph:
+        d_sink = _sink_grad(cfg, o, d_o, aux_ctx_tensors[0], aux_ctx_tensors[prep.sink_index], cu_seqlens_q)
     if amax3 is not None:  # one META_DQKV slot holds the amax of dQ, dK and dV together
         torch.amax(amax3.view(3, 1), dim=0, out=amax_dqkv.narrow(0, amax_dqkv_offset, 1))
     if dbias is not None and cfg.bias_copy and not aux_ctx_tensors[2].is_contiguous():
         dbias = torch.empty_like(aux_ctx_tensors[2]).copy_(dbias)  # a copied bias' gradient in the caller's strides
-    return [dq, dk, dv, dbias]
+    return [dq, dk, dv, dbias, d_sink]
+
+
+def _sink_grad(cfg: AttnConfig, o: torch.Tensor, d_o: torch.Tensor, stats: torch.Tensor, sink: torch.Tensor,
+               cu_q: Optional[torch.Tensor]) -> torch.Tensor:
+    """d_softmax_offset of learnable sinks for dense F16 tensors (see te_cudnn.sink_grad)."""
+    lens = (cu_q[1:] - cu_q[:-1]) if cfg.mask.is_padding and cu_q is not None else None
+    return sink_grad(o, d_o, stats, sink, layout_info(cfg.layout).q_format == QKVFormat.sbhd, lens)
 
 
 def _full_lens(cfg: AttnConfig, prep: _Prepared) -> Optional[list]:
@@ -946,14 +1025,24 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
             f"aux_ctx_tensors must hold [softmax_stats, rng_state, bias] for attn_bias_type={bias_type.name} "
             f"(the forward appends the bias); got {len(aux)} tensor(s)"
         )
+    softmax = SoftmaxType.coerce(a["softmax_type"], argument="softmax_type")
+    sink_at = 2 + needs_bias  # TE 2.x: aux_ctx_tensors = [stats, rng_state, (bias), (softmax_offset)]
+    if softmax != SoftmaxType.vanilla and len(aux) <= sink_at:
+        raise ValueError(
+            f"aux_ctx_tensors must hold the softmax_offset at index {sink_at} for softmax_type={softmax.name} (the "
+            f"forward appends it); got {len(aux)} tensor(s)"
+        )
+    if softmax != SoftmaxType.vanilla and isinstance(a["q"], torch.Tensor) and a["q"].dim() >= 3:
+        check_softmax_offset(softmax, aux[sink_at], a["q"].shape[-2], a["q"], f"aux_ctx_tensors[{sink_at}] (softmax_offset)")
     fwd = describe_fwd(
         is_training=True, max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
         cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
+        softmax_offset=aux[sink_at] if softmax != SoftmaxType.vanilla else None,
         qkv_dtype=a["qkv_dtype"], attn_bias=aux[2] if needs_bias and len(aux) > 2 else None,
         attn_scale=a["attn_scale"], dropout=a["dropout"], qkv_layout=layout, attn_bias_type=bias_type,
         cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
         attn_mask_type=a["attn_mask_type"], softmax_type=a["softmax_type"], window_size=a["window_size"],
-        bottom_right_diagonal=a["bottom_right_diagonal"],
+        bottom_right_diagonal=a["bottom_right_diagonal"], cuda_graph=a["cuda_graph"],
     )  # fmt: skip
     cfg, *_ = describe_bwd(fwd, q=a["q"], o=a["o"], d_o=a["d_o"], aux_ctx_tensors=aux, deterministic=a["deterministic"])
     fp8_names = ("d_scale_qkv", "d_scale_s", "d_scale_o", "d_scale_do", "d_scale_dp", "q_scale_s", "q_scale_dp",
@@ -981,6 +1070,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     )
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     prep.full_lens = _full_lens(cfg, prep)
+    prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
     _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_bwd_memo, sig, prep)
     return prep
@@ -1056,13 +1146,11 @@ def explain(
         num_gqa_groups=num_gqa_groups, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, window_size=(window_size_left, window_size_right),
         deterministic=deterministic, batch_size=batch_size, bias_shape=bias_shape,
+        return_max_logit=return_max_logit, cuda_graph=cuda_graph,
     )  # fmt: skip
     env = env or current_env()
     policy = _policy.current()  # a te_cudnn.backend_policy context or the environment: forced, forbidden
     per_backend = _policy.explain_config(cfg, env, Direction.FWD, policy)
-    if return_max_logit:
-        for why in per_backend.values():
-            why.append("return_max_logit is not supported yet")
     serving = [BY_ENUM[b] for b, why in per_backend.items() if not why]
     chosen = _policy.choose(serving, cfg, env, Direction.FWD, policy).enum if serving else FusedAttnBackend.No_Backend
     return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env)

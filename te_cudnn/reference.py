@@ -6,6 +6,18 @@ kernels are checked against, so it favours clarity over speed.
 
 Conventions: row ``i`` is a query, column ``j`` a key; q is logical ``[b, h, sq, d_qk]``,
 k ``[b, hg, skv, d_qk]`` and v ``[b, hg, skv, d_v]`` with any strides.
+
+Attention sinks (TransformerEngine's ``softmax_type``, cuDNN's ``sink_token``) add one extra
+logit ``alpha_h`` per query head to every softmax row. It takes part in the normalisation but
+carries no value, and it is neither scaled, biased nor masked::
+
+    p_ij  = exp(s_ij) / (exp(alpha_h) + sum_j' exp(s_ij'))      (masked s_ij' = -inf)
+    out_i = sum_j p_ij v_j
+    lse_i = log(exp(alpha_h) + sum_j exp(s_ij))
+
+``vanilla`` has no sink (the ``exp(alpha_h)`` term is absent), ``off_by_one`` has
+``alpha_h = 0`` (denominator ``1 + sum exp``) and ``learnable`` takes ``alpha_h`` from
+``softmax_offset``.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from te_cudnn.enums import AttnBiasType, AttnMaskType
+from te_cudnn.enums import AttnBiasType, AttnMaskType, SoftmaxType
 
 __all__ = ["ReferenceOutput", "Fp8ReferenceOutput", "alibi_slopes", "allowed_mask", "attention_reference", "attention_reference_fp8"]
 
@@ -27,7 +39,9 @@ class ReferenceOutput(NamedTuple):
     """``[b, h, sq, d_v]`` in ``compute_dtype``; 0 for rows that attend no key."""
     lse: torch.Tensor
     """``[b, h, sq, 1]`` natural-log logsumexp of the scaled, biased, masked scores
-    (cuDNN "Stats"), taken before dropout; ``-inf`` for rows that attend no key."""
+    (cuDNN "Stats"), taken before dropout; ``-inf`` for rows that attend no key. With a sink
+    (``softmax_type`` other than vanilla) the sink term is included,
+    ``log(exp(alpha_h) + sum_j exp(s_ij))``, so a row that attends no key has ``lse = alpha_h``."""
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -123,6 +137,48 @@ def allowed_mask(
     return allowed
 
 
+def _sink_logits(
+    softmax_type: SoftmaxType | str | int,
+    softmax_offset: torch.Tensor | None,
+    num_heads: int,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """The per-head sink logit ``alpha`` as ``[1, h, 1, 1]`` in ``dtype`` (differentiable in
+    ``softmax_offset``), or None for a vanilla softmax, which has no sink."""
+    kind = SoftmaxType.coerce(softmax_type, argument="softmax_type")
+    if kind == SoftmaxType.vanilla:
+        if softmax_offset is not None:
+            raise ValueError("softmax_offset must be None when softmax_type='vanilla' (a vanilla softmax has no sink)")
+        return None
+    if softmax_offset is None:
+        if kind == SoftmaxType.learnable:
+            raise ValueError("softmax_offset is required when softmax_type='learnable'")
+        return torch.zeros(1, num_heads, 1, 1, dtype=dtype, device=device)  # off_by_one: alpha = 0
+    if not isinstance(softmax_offset, torch.Tensor) or not softmax_offset.is_floating_point():
+        got = softmax_offset.dtype if isinstance(softmax_offset, torch.Tensor) else type(softmax_offset).__name__
+        raise ValueError(f"softmax_offset must be a floating-point tensor, got {got}")
+    if tuple(softmax_offset.shape) not in ((num_heads,), (1, num_heads, 1, 1)):
+        raise ValueError(
+            f"softmax_offset must hold one logit per query head, shape [{num_heads}] or [1, {num_heads}, 1, 1], "
+            f"got shape {tuple(softmax_offset.shape)} ({softmax_offset.numel()} elements)"
+        )
+    return softmax_offset.to(device=device, dtype=dtype).reshape(1, num_heads, 1, 1)
+
+
+def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax and logsumexp of ``[scores, sink]`` over the last dim, sink column dropped.
+
+    ``scores`` are masked with ``-inf``; the sink is finite, so every row (fully masked ones
+    included) has a positive denominator and the results and gradients have no NaN.
+    """
+    extended = torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1)
+    lse = torch.logsumexp(extended, dim=-1, keepdim=True)
+    probs = torch.softmax(extended, dim=-1)[..., :-1]
+    return probs, lse
+
+
 def _check_broadcast(name: str, t: torch.Tensor, target: tuple[int, ...]) -> None:
     if t.dim() != len(target) or any(s not in (1, n) for s, n in zip(t.shape, target)):
         raise ValueError(f"{name} has shape {tuple(t.shape)}, which does not broadcast to {target}")
@@ -144,6 +200,8 @@ def attention_reference(
     dropout_p: float = 0.0,
     dropout_keep_mask: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    softmax_type: SoftmaxType | str | int = "vanilla",
+    softmax_offset: torch.Tensor | None = None,
 ) -> ReferenceOutput:
     """Unfused ``softmax(scores) @ v`` with TE/cuDNN semantics, computed in ``compute_dtype``.
 
@@ -155,13 +213,25 @@ def attention_reference(
       with ``offset = skv - sq`` if bottom-right aligned else 0 and slopes from
       :func:`alibi_slopes`.
     * Masking follows :func:`allowed_mask`; masked scores are ``-inf``. Rows with no allowed
-      key (including padded queries) give output 0 and lse ``-inf``, with no NaN in values
-      or gradients.
+      key (including padded queries) give output 0 and lse ``-inf`` (``alpha_h`` with a sink,
+      below), with no NaN in values or gradients.
+    * Attention sinks: ``softmax_type`` (:class:`~te_cudnn.enums.SoftmaxType`, name or int)
+      ``vanilla`` (default), ``off_by_one`` or ``learnable``. With a sink each row's softmax
+      gets the extra logit ``alpha_h`` of its query head, not scaled, biased or masked, that
+      contributes no value: ``p_ij = exp(s_ij) / (exp(alpha_h) + sum_j exp(s_ij))``,
+      ``out_i = sum_j p_ij v_j`` and ``lse_i = log(exp(alpha_h) + sum_j exp(s_ij))``. So a row
+      with no allowed key gives output 0 and lse ``alpha_h`` (finite). ``softmax_offset`` holds
+      ``alpha`` (``[h]`` or ``[1, h, 1, 1]``, floating point): required for ``learnable``,
+      optional for ``off_by_one`` (None means zeros, ``1 + sum exp``; a given tensor is used
+      as is, as the cuDNN kernel does, and TransformerEngine passes zeros) and must be None
+      for ``vanilla``.
     * Dropout (``dropout_p > 0``) needs a boolean ``dropout_keep_mask`` broadcastable to
       ``[b, h, sq, skv]``: ``probs * keep / (1 - dropout_p)``; lse is taken before dropout.
-      The keep mask is ignored when ``dropout_p == 0``.
+      The keep mask is ignored when ``dropout_p == 0``. With a sink, dropout acts on the
+      probabilities of the real keys after the softmax in the same way.
 
-    Differentiable w.r.t. q, k, v and attn_bias. Bad arguments raise ``ValueError``.
+    Differentiable w.r.t. q, k, v, attn_bias and softmax_offset. Bad arguments raise
+    ``ValueError``.
     """
     mask_type = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
     bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
@@ -195,6 +265,7 @@ def attention_reference(
     if mask_type.is_padding:
         _check_seqlens("seqlens_q", seqlens_q, sq, b)
         _check_seqlens("seqlens_kv", seqlens_kv, skv, b)
+    sink = _sink_logits(softmax_type, softmax_offset, h, device=q.device, dtype=compute_dtype)
     if bottom_right_diagonal is None:
         bottom_right_diagonal = mask_type.is_bottom_right
     scale = 1.0 / math.sqrt(d_qk) if attn_scale is None else float(attn_scale)
@@ -221,14 +292,18 @@ def attention_reference(
         sq, skv, attn_mask_type=mask_type, window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
         seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, device=q.device,
     )
-    any_allowed = allowed.any(dim=-1, keepdim=True)
-    # Fully masked rows get finite dummy scores (0) so softmax/logsumexp and their
-    # gradients stay finite; the results are replaced afterwards by torch.where.
     neg_inf = torch.tensor(float("-inf"), dtype=compute_dtype, device=q.device)
-    zero = torch.zeros((), dtype=compute_dtype, device=q.device)
-    scores = torch.where(allowed, scores, torch.where(any_allowed, neg_inf, zero))
-    lse = torch.where(any_allowed, torch.logsumexp(scores, dim=-1, keepdim=True), neg_inf)
-    probs = torch.where(any_allowed, torch.softmax(scores, dim=-1), zero)
+    if sink is not None:
+        # The sink column keeps every row's denominator positive: no dummy scores needed.
+        probs, lse = _softmax_with_sink(torch.where(allowed, scores, neg_inf), sink)
+    else:
+        any_allowed = allowed.any(dim=-1, keepdim=True)
+        # Fully masked rows get finite dummy scores (0) so softmax/logsumexp and their
+        # gradients stay finite; the results are replaced afterwards by torch.where.
+        zero = torch.zeros((), dtype=compute_dtype, device=q.device)
+        scores = torch.where(allowed, scores, torch.where(any_allowed, neg_inf, zero))
+        lse = torch.where(any_allowed, torch.logsumexp(scores, dim=-1, keepdim=True), neg_inf)
+        probs = torch.where(any_allowed, torch.softmax(scores, dim=-1), zero)
 
     if dropout_p > 0.0:
         probs = probs * dropout_keep_mask.to(q.device) / (1.0 - dropout_p)
@@ -256,13 +331,21 @@ def attention_reference_fp8(
     seqlens_q: torch.Tensor | None = None,
     seqlens_kv: torch.Tensor | None = None,
     fmt: torch.dtype = torch.float8_e4m3fn,
+    softmax_type: SoftmaxType | str | int = "vanilla",
+    softmax_offset: torch.Tensor | None = None,
 ) -> Fp8ReferenceOutput:
     """FP8 emulation of the fused FP8 forward (delayed scaling): dequantize q, k, v; compute
     softmax(S) in fp32; quantize it with ``scale_s`` (as the kernel does before P·V), dequantize
     with ``descale_s``; O = P·V in fp32, quantized with ``scale_o``. Inputs are logical BHSD FP8
-    tensors; masks as :func:`attention_reference`."""
+    tensors; masks as :func:`attention_reference`.
+
+    ``softmax_type`` / ``softmax_offset`` add an attention sink exactly as in
+    :func:`attention_reference`: the fp32 softmax is taken over the scores plus the per-head
+    logit ``alpha_h`` (``P_ij = exp(s_ij) / (exp(alpha_h) + sum_j exp(s_ij))``), and only the
+    P of the real keys is quantized (and counted in ``amax_s``) and multiplied by V."""
     q, k, v = (t.float() * descale_qkv for t in (q8, k8, v8))
     h, hg = q.shape[1], k.shape[1]
+    sink = _sink_logits(softmax_type, softmax_offset, h, device=q.device, dtype=torch.float32)
     if hg != h:
         k, v = k.repeat_interleave(h // hg, dim=1), v.repeat_interleave(h // hg, dim=1)
     scale = attn_scale if attn_scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -270,7 +353,10 @@ def attention_reference_fp8(
     allowed = allowed_mask(q.shape[2], k.shape[2], attn_mask_type=attn_mask_type, seqlens_q=seqlens_q,
                            seqlens_kv=seqlens_kv, device=q.device)  # fmt: skip
     scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    if sink is not None:
+        probs, _ = _softmax_with_sink(scores, sink)
+    else:
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     fmax = 448.0 if fmt == torch.float8_e4m3fn else 57344.0
     amax_s = probs.amax()
     p8 = (probs * scale_s).clamp(-fmax, fmax).to(fmt).float() * descale_s

@@ -12,11 +12,12 @@ Results (all freshly allocated, contiguous):
 * ``fwd`` -> ``(out, stats)``: ``out`` is ``[*q.shape[:-1], d_v]`` in q's dtype; ``stats`` is
   fp32 ``[b, h, sq, 1]`` (dense q) or ``[t, h, 1]`` (THD q), or the softmax ``[b, h, sq, skv]``
   in q's dtype when ``backend`` names ``F16_max512_seqlen``.
-* ``bwd`` -> ``(g0, g1, g2, dbias)``: the gradients in the layout's own packing: for ``*3hd`` /
+* ``bwd`` -> ``(g0, g1, g2, dbias, d_softmax_offset)``: the gradients in the layout's own packing: for ``*3hd`` /
   ``*h3d`` layouts ``g0`` is the packed ``dqkv`` buffer and ``g1``/``g2`` are empty; for
   ``*_2hd`` / ``*_h2d`` ``g1`` is the packed ``dkv`` buffer and ``g2`` is empty (a custom op
   may not return aliasing tensors; :func:`unpack_grads` takes the views). ``dbias`` is empty
-  when there is no gradient for the bias (no bias, or one broadcast over b, h and sq).
+  when there is no gradient for the bias (no bias, or one broadcast over b, h and sq);
+  ``d_softmax_offset`` (fp32 ``[1, h, 1, 1]``) is empty unless ``softmax_type="learnable"``.
 
 The wrappers here (:func:`attention`, :func:`fp8_attention`) are what ``fused_attention``,
 ``fp8_attention``, ``DotProductAttention`` and ``scaled_dot_product_attention`` call when
@@ -50,9 +51,9 @@ _OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_ma
          "int? backend, str softmax_type, bool deterministic")  # fmt: skip
 _CU = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded"
 FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, {_CU}, Tensor? page_table_k, Tensor? page_table_v, "
-              f"Tensor? rng_state, bool is_training, {_OPTS}) -> (Tensor, Tensor)")  # fmt: skip
+              f"Tensor? rng_state, Tensor? softmax_offset, bool is_training, {_OPTS}) -> (Tensor, Tensor)")  # fmt: skip
 BWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor stats, Tensor? rng_state, "
-              f"Tensor? attn_bias, {_CU}, {_OPTS}) -> (Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+              f"Tensor? attn_bias, Tensor? softmax_offset, {_CU}, {_OPTS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
 _FP8_OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_mask_type, float? attn_scale, "
              "int? backend, bool deterministic")  # fmt: skip
 FP8_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor fwd_scale, "
@@ -158,8 +159,24 @@ def _zero_rng(device: torch.device) -> torch.Tensor:
     return state
 
 
+_zero_sinks: dict = {}
+
+
+def _zero_sink(device: torch.device, h: int) -> torch.Tensor:
+    """off_by_one's sink logits (zeros) when the caller passes no softmax_offset."""
+    sink = _zero_sinks.get((device, h))
+    if sink is None:
+        sink = _zero_sinks[(device, h)] = torch.zeros((1, h, 1, 1), dtype=torch.float32, device=device)
+    return sink
+
+
+def _heads(q: torch.Tensor, qkv_layout: str) -> int:
+    info = _info(qkv_layout)
+    return q.shape[1] if info.q_format == QKVFormat.thd else q.shape[_BHS[info.q_format][1]]
+
+
 def _fwd_impl(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-              page_table_k, page_table_v, rng_state, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
+              page_table_k, page_table_v, rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
               attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
               backend, softmax_type, deterministic):  # fmt: skip
     out, aux = fused_attn_fwd(
@@ -168,7 +185,7 @@ def _fwd_impl(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padd
         page_table_k=page_table_k, page_table_v=page_table_v, attn_scale=attn_scale, dropout=dropout,
         qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
         softmax_type=softmax_type, window_size=(window_left, window_right),
-        bottom_right_diagonal=bottom_right_diagonal, rng_state=rng_state,
+        bottom_right_diagonal=bottom_right_diagonal, softmax_offset=softmax_offset, rng_state=rng_state,
     )  # fmt: skip
     stats = aux[0]
     if stats.dtype != torch.float32 and backend != _MAX512:
@@ -181,20 +198,22 @@ def _fwd_impl(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padd
 
 
 def _fwd_fake(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-              page_table_k, page_table_v, rng_state, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
+              page_table_k, page_table_v, rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
               attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
               backend, softmax_type, deterministic):  # fmt: skip
     return q.new_empty((*q.shape[:-1], v.shape[-1])), _stats_like(q, k, qkv_layout, backend)
 
 
-def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-              cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type, attn_bias_type,
-              attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend, softmax_type,
-              deterministic):  # fmt: skip
+def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, softmax_offset, cu_seqlens_q, cu_seqlens_kv,
+              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type,
+              attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend,
+              softmax_type, deterministic):  # fmt: skip
     aux = [stats, _zero_rng(q.device) if rng_state is None else rng_state]
     if attn_bias is not None:
         aux.append(attn_bias)
-    dq, dk, dv, dbias = fused_attn_bwd(
+    if softmax_type != "vanilla":
+        aux.append(_zero_sink(q.device, _heads(q, qkv_layout)) if softmax_offset is None else softmax_offset)
+    dq, dk, dv, dbias, d_offset = fused_attn_bwd(
         max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, o, d_o, q.dtype, aux, backend,
         cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded, attn_scale=attn_scale,
         dropout=dropout, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
@@ -212,36 +231,43 @@ def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, cu_seqlens_q, cu_seq
         dbias = q.new_empty(0)
     elif not dbias.is_contiguous():
         dbias = dbias.contiguous()
-    return (*g, dbias)
+    return (*g, dbias, q.new_empty(0, dtype=torch.float32) if d_offset is None else d_offset)
 
 
-def _bwd_fake(q, k, v, o, d_o, stats, rng_state, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-              cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type, attn_bias_type,
-              attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend, softmax_type,
-              deterministic):  # fmt: skip
+def _bwd_fake(q, k, v, o, d_o, stats, rng_state, attn_bias, softmax_offset, cu_seqlens_q, cu_seqlens_kv,
+              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type,
+              attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend,
+              softmax_type, deterministic):  # fmt: skip
     dbias = attn_bias.new_empty(attn_bias.shape) if _has_dbias(attn_bias) else q.new_empty(0)
-    return (*_grad_buffers(q, k, v, _info(qkv_layout).group), dbias)
+    learnable = softmax_type == "learnable" and softmax_offset is not None
+    d_offset = softmax_offset.new_empty(softmax_offset.shape) if learnable else q.new_empty(0, dtype=torch.float32)
+    return (*_grad_buffers(q, k, v, _info(qkv_layout).group), dbias, d_offset)
 
 
-_N_FWD_TENSORS = 11  # q, k, v, attn_bias, 4 cu_seqlens, 2 page tables, rng_state
+_N_FWD_TENSORS = 12  # q, k, v, attn_bias, 4 cu_seqlens, 2 page tables, rng_state, softmax_offset
+_OFFSET_INPUT = 11  # softmax_offset's position among the fwd op's inputs
 
 
 def _fwd_setup(ctx, inputs, output):
-    (q, k, v, bias, cu_q, cu_kv, cu_qp, cu_kvp, _pk, _pv, rng_state, _training, *opts) = inputs
+    (q, k, v, bias, cu_q, cu_kv, cu_qp, cu_kvp, _pk, _pv, rng_state, offset, _training, *opts) = inputs
     out, stats = output
-    ctx.save_for_backward(q, k, v, out, stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp)
+    ctx.save_for_backward(q, k, v, out, stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp)
     ctx.opts = opts
     ctx.mark_non_differentiable(stats)
 
 
 def _fwd_backward(ctx, d_out, _d_stats):
-    q, k, v, out, stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp = ctx.saved_tensors
+    q, k, v, out, stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp = ctx.saved_tensors
     opts = ctx.opts
-    g0, g1, g2, dbias = torch.ops.te_cudnn.bwd(
-        q, k, v, out, d_out.contiguous(), stats, rng_state, bias, cu_q, cu_kv, cu_qp, cu_kvp, *opts
+    g0, g1, g2, dbias, d_offset = torch.ops.te_cudnn.bwd(
+        q, k, v, out, d_out.contiguous(), stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp, *opts
     )
     dq, dk, dv = unpack_grads(opts[2], g0, g1, g2)
-    return (dq, dk, dv, dbias if _has_dbias(bias) else None) + (None,) * (len(ctx.opts) + _N_FWD_TENSORS - 3)
+    grads = [None] * (len(ctx.opts) + _N_FWD_TENSORS + 1)
+    grads[:4] = (dq, dk, dv, dbias if _has_dbias(bias) else None)
+    if offset is not None and d_offset.numel():
+        grads[_OFFSET_INPUT] = d_offset
+    return tuple(grads)
 
 
 # ------------------------------------------------------------------------------------------
@@ -281,7 +307,7 @@ def _fp8_bwd_impl(d_out, q8, k8, v8, o8, stats, cu_seqlens_q, cu_seqlens_kv, fwd
     row = bwd_amax_history[0].clone()
     bwd = Fp8Table(bwd_scale, bwd_scale_inv, row.unsqueeze(0))
     d_o8 = quantize(d_out, bwd, META_DO, bwd_format)
-    dq8, dk8, dv8, _ = fused_attn_bwd(
+    dq8, dk8, dv8, _, _ = fused_attn_bwd(
         max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q8, k8, v8, o8, d_o8, q8.dtype,
         [stats, _zero_rng(q8.device)], backend, attn_scale=attn_scale, qkv_layout=_unpacked(qkv_layout),
         attn_mask_type=attn_mask_type, deterministic=deterministic, **bwd_kwargs(fwd, bwd),
@@ -350,13 +376,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Opti
               attn_scale: Optional[float], dropout: float, window_size, bottom_right_diagonal: Optional[bool],
               backend, softmax_type: str, deterministic: bool,
               cu_seqlens_q_padded: Optional[torch.Tensor] = None, cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
-              rng_gen: Optional[torch.Generator] = None) -> torch.Tensor:  # fmt: skip
+              rng_gen: Optional[torch.Generator] = None, softmax_offset: Optional[torch.Tensor] = None) -> torch.Tensor:  # fmt: skip
     """Differentiable attention through ``te_cudnn::fwd`` (and ``bwd`` in the backward). Dropout
     draws its [seed, offset] on the device (fresh per call and per CUDA-graph replay)."""
     rng_state = _device_rng_state(q.device, rng_gen) if is_training and dropout > 0.0 else None
     out, _ = torch.ops.te_cudnn.fwd(
         q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, None, None,
-        rng_state, is_training, max_seqlen_q, max_seqlen_kv, str(qkv_layout), str(attn_mask_type),
+        rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, str(qkv_layout), str(attn_mask_type),
         str(attn_bias_type), attn_scale, float(dropout), window_size[0], window_size[1], bottom_right_diagonal,
         None if backend is None else int(backend), str(softmax_type), deterministic,
     )  # fmt: skip

@@ -606,7 +606,7 @@ def test_warm_example_file_checks_on_cpu(capsys) -> None:
 
 BAD_CONFIGS = [
     ({"b": 2, "heads": 16, "sq": 128, "d": 64}, "unknown key 'heads'; accepted keys: b, h, hg, sq, skv, d, d_v, layout, "
-                                                "mask, dtype, training, deterministic, dropout, window, attn_scale, name"),
+                                                "mask, softmax_type, dtype, training, deterministic, dropout, window, attn_scale, name"),
     ({"b": 2, "h": 16, "d": 64}, "missing key 'sq' (required: b, h, sq, d)"),
     ({"b": 2, "h": 16, "sq": "128", "d": 64}, 'sq="128" must be int'),
     ({"b": 2, "h": 16, "sq": 128, "d": 64, "training": 1}, "training=1 must be bool"),
@@ -655,7 +655,7 @@ def test_warm_rejects_unknown_keys_before_any_gpu_work(capsys, tmp_path: Path, m
     rc, out, err = run(capsys, "plans", "warm", str(configs), "--store", str(tmp_path / "s"))
     assert rc == 2 and out == ""
     assert err == (f"te-cudnn: {configs}: config 2: unknown key 'mask_type'; accepted keys: b, h, hg, sq, skv, d, d_v, "
-                   "layout, mask, dtype, training, deterministic, dropout, window, attn_scale, name; 1 more problem(s); "
+                   "layout, mask, softmax_type, dtype, training, deterministic, dropout, window, attn_scale, name; 1 more problem(s); "
                    f"`te-cudnn plans warm --check {configs}` lists every configuration\n")  # fmt: skip
     assert not (tmp_path / "s").exists()
 

@@ -198,7 +198,7 @@ def _mix_call(case: Mix, x: dict) -> list[torch.Tensor]:
               attn_bias_type="post_scale_bias" if case.bias else "no_bias")  # fmt: skip
     out, aux = tc.fused_attn_fwd(True, case.s, case.kv_len, x["cu_q"], x["cu_kv"], x["q"], x["k"], x["v"], case.dtype,
                                  None, attn_bias=x["bias"], **kw)  # fmt: skip
-    dq, dk, dv, dbias = tc.fused_attn_bwd(case.s, case.kv_len, x["cu_q"], x["cu_kv"], x["q"], x["k"], x["v"], out,
+    dq, dk, dv, dbias, _ = tc.fused_attn_bwd(case.s, case.kv_len, x["cu_q"], x["cu_kv"], x["q"], x["k"], x["v"], out,
                                           x["d_o"], case.dtype, aux, None, deterministic=True, **kw)  # fmt: skip
     results = [out, dq, dk, dv]
     if not case.varlen:
@@ -284,7 +284,7 @@ def test_threads_launch_one_plan_at_the_same_moment(mode, streams):
 
     def call() -> list[torch.Tensor]:
         out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-        dq, dk, dv, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
+        dq, dk, dv, _, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
         return [out, aux[0], dq, dk, dv]
 
     want = call()
@@ -353,7 +353,7 @@ def test_calls_on_two_streams_run_in_each_streams_order_without_host_sync():
 
     def call(q: torch.Tensor) -> list[torch.Tensor]:
         out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-        dq, dk, dv, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
+        dq, dk, dv, _, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
         return [out, aux[0], dq, dk, dv]
 
     expected = [call(n) for n in new]

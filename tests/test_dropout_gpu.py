@@ -66,7 +66,7 @@ def _forward_mask(p: float, rng_gen, b: int = B, h: int = H):
 def _backward_mask(p: float, out: torch.Tensor, aux: list, b: int = B, h: int = H) -> torch.Tensor:
     """The keep mask [b, h, i, j] the backward applies, read off dV (dO = I)."""
     q, k, v = _probe_inputs(b, h)
-    _, _, dv, _ = tc.fused_attn_bwd(S, S, _cu(b, S), _cu(b, S), q, k, v, out, _identity_rows(b, h), q.dtype, aux, None,
+    _, _, dv, _, _ = tc.fused_attn_bwd(S, S, _cu(b, S), _cu(b, S), q, k, v, out, _identity_rows(b, h), q.dtype, aux, None,
                                     dropout=p, **KW)  # fmt: skip
     return dv.permute(0, 2, 3, 1) > 0  # dv[b, j, h, i] -> [b, h, i, j]
 
@@ -144,7 +144,7 @@ def test_output_and_gradients_match_the_reference_with_the_recovered_mask():
     out, aux = tc.fused_attn_fwd(True, S, S, _cu(b, S), _cu(b, S), q, k, v, q.dtype, None, rng_gen=_gen(7), **kw)
     assert torch.equal(aux[1], aux_probe[1])
     d_o = torch.randn(out.shape, generator=g, device="cuda").to(torch.bfloat16)
-    dq, dk, dv, _ = tc.fused_attn_bwd(S, S, _cu(b, S), _cu(b, S), q, k, v, out, d_o, q.dtype, aux, None, **kw)
+    dq, dk, dv, _, _ = tc.fused_attn_bwd(S, S, _cu(b, S), _cu(b, S), q, k, v, out, d_o, q.dtype, aux, None, **kw)
     results = {}
     for compute in (torch.float32, torch.bfloat16):
         leaves = [to_bhsd(t, LAYOUT).to(compute).requires_grad_() for t in (q, k, v)]

@@ -40,7 +40,7 @@ def _check_fwd_bwd(q, k, v, sq, skv, cu_q, cu_kv, layout, mask, d_v=None, **kw):
     assert stats.dtype == torch.float32 and (stats == float("-inf")).all()
     assert aux[1].dtype == torch.int64 and aux[1].shape == (2,)
     d_o = torch.randn_like(out)
-    dq, dk, dv, dbias = tc.fused_attn_bwd(sq, skv, cu_q, cu_kv, q, k, v, out, d_o, q.dtype, aux, None,
+    dq, dk, dv, dbias, _ = tc.fused_attn_bwd(sq, skv, cu_q, cu_kv, q, k, v, out, d_o, q.dtype, aux, None,
                                           qkv_layout=layout, attn_mask_type=mask, **kw)  # fmt: skip
     for g, t in ((dq, q), (dk, k), (dv, v)):
         assert g.shape == t.shape and g.dtype == t.dtype and not g.any()
@@ -105,7 +105,7 @@ def test_individual_empty_sequences_in_a_non_empty_batch():
     out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd",
                                  attn_mask_type="padding")  # fmt: skip
     assert not out[0].any() and out[1].abs().sum() > 0 and not out[2, 17:].any()
-    dq, dk, dv, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, torch.randn_like(out), q.dtype, aux, None,
+    dq, dk, dv, _, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, torch.randn_like(out), q.dtype, aux, None,
                                       qkv_layout="bshd_bshd_bshd", attn_mask_type="padding")  # fmt: skip
     for g in (dq, dk, dv):
         assert not g[0].any() and g[1].abs().sum() > 0 and torch.isfinite(g).all()
@@ -132,7 +132,7 @@ def test_empty_with_bias_gives_zero_dbias_of_the_bias_shape():
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask", attn_bias_type="post_scale_bias")
     out, aux = tc.fused_attn_fwd(True, 64, 64, None, None, q, k, v, q.dtype, None, attn_bias=bias, **kw)
     assert out.shape == q.shape and aux[2] is bias
-    dq, dk, dv, dbias = tc.fused_attn_bwd(64, 64, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
+    dq, dk, dv, dbias, _ = tc.fused_attn_bwd(64, 64, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
     assert dq.shape == q.shape and dbias is not None and dbias.shape == bias.shape and not dbias.any()
 
 
@@ -165,7 +165,7 @@ def test_fp8_empty_writes_zero_amaxes():
     bwd_kw["amax_dp"].fill_(7.0)
     bwd_kw["amax_dqkv"].fill_(7.0)
     d_o = torch.zeros(out.shape, device="cuda").to(torch.float8_e5m2)
-    dq, dk, dv, _ = tc.fused_attn_bwd(128, 128, None, None, q, k, v, out, d_o, e4m3, aux, None,
+    dq, dk, dv, _, _ = tc.fused_attn_bwd(128, 128, None, None, q, k, v, out, d_o, e4m3, aux, None,
                                       qkv_layout="bshd_bshd_bshd", attn_mask_type="causal", **bwd_kw)  # fmt: skip
     assert dq.shape == q.shape and dq.dtype == torch.float8_e5m2
     assert bwd_kw["amax_dp"][tc.META_DP] == 0 and bwd_kw["amax_dqkv"][tc.META_DQKV] == 0

@@ -85,7 +85,7 @@ def test_fp8_forward_backward(layout, mask):
 
     d_o = torch.randn(out8.shape, device="cuda") * 0.1
     d_o8 = meta.quantize(d_o, "do")
-    dq8, dk8, dv8, dbias = tc.fused_attn_bwd(s, s, cu, cu, q8, k8, v8, out8, d_o8, E4M3, aux, None, **kw,
+    dq8, dk8, dv8, dbias, _ = tc.fused_attn_bwd(s, s, cu, cu, q8, k8, v8, out8, d_o8, E4M3, aux, None, **kw,
                                              **meta.bwd_kwargs())  # fmt: skip
     assert dbias is None and dq8.dtype == E5M2 and dq8.shape == q8.shape
     bw = meta.bwd

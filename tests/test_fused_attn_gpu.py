@@ -49,7 +49,7 @@ def run_and_check(
     out, aux = tc.fused_attn_fwd(True, sq, skv, _cu(b, sq), _cu(b, skv), q, k, v, dtype, None, attn_bias=bias, **kw)
     assert out.shape == (*q.shape[:-1], d_v) and out.dtype == dtype
     d_o = (torch.randn(out.shape, generator=gen, device="cuda") * 0.5).to(dtype)
-    dq, dk, dv, dbias = tc.fused_attn_bwd(
+    dq, dk, dv, dbias, _ = tc.fused_attn_bwd(
         sq, skv, _cu(b, sq), _cu(b, skv), q, k, v, out, d_o, dtype, aux, None, deterministic=deterministic, **kw
     )
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

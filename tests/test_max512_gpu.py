@@ -50,7 +50,7 @@ def _run(layout: QKVLayout, mask, bias_type, dtype, b=2, h=4, s=128, seed=0):
 
 @pytest.mark.parametrize("layout,mask,bias_type,dtype", list(_cases()))
 def test_max512_matches_reference(layout, mask, bias_type, dtype):
-    q, k, v, bias, out, aux, d_o, (dq, dk, dv, dbias), kw = _run(layout, mask, bias_type, dtype)
+    q, k, v, bias, out, aux, d_o, (dq, dk, dv, dbias, _), kw = _run(layout, mask, bias_type, dtype)
     s = q.shape[0] if layout.name.startswith("sb") else q.shape[1]
     b, h = out.shape[1] if layout.name.startswith("sb") else out.shape[0], q.shape[-2]
     # aux[0] is the saved softmax S in the io dtype (cuDNN's F16x16 tile order), as TE's max512
@@ -93,7 +93,7 @@ def test_repeated_backward_is_identical_and_keeps_the_softmax(mask):
     again = tc.fused_attn_bwd(s, s, _cu(2, s), _cu(2, s), q, k, v, out, d_o, q.dtype, aux, MAX512, **kw)
     torch.cuda.synchronize()
     assert torch.equal(aux[0], saved), "the backward must not overwrite the saved softmax"
-    for first, second in zip(grads, again):
+    for first, second in zip(grads[:4], again[:4]):
         assert torch.equal(first, second)
 
 

@@ -306,10 +306,10 @@ class Spy:
         self.calls: list = []
 
     def __call__(self, q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, cu_qp=None,
-                 cu_kvp=None):  # fmt: skip
+                 cu_kvp=None, softmax_offset=None):  # fmt: skip
         self.calls.append(dict(q=q, k=k, v=v, bias=bias, cu_q=cu_q, cu_kv=cu_kv, max_q=max_q, max_kv=max_kv,
                                is_training=is_training, rng_gen=rng_gen, opts=opts, cu_qp=cu_qp,
-                               cu_kvp=cu_kvp))  # fmt: skip
+                               cu_kvp=cu_kvp, softmax_offset=softmax_offset))  # fmt: skip
         return torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
 
     @property
@@ -521,3 +521,24 @@ def test_cpu_forward_reaches_the_eager_core(monkeypatch) -> None:
         _gqa("bshd")(q, k, v)
     with pytest.raises(ValueError, match=r"^q is on cpu; fused attention executes on CUDA devices"):
         te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd")
+
+
+@pytest.mark.parametrize("softmax_type", ["vanilla", "off_by_one", "learnable"])
+def test_softmax_type_reaches_the_core(monkeypatch, softmax_type):
+    """The module passes its softmax_type and, for learnable sinks, its [h] parameter as TE's
+    fp32 [1, h, 1, 1] offset (a view: gradients flow to the parameter)."""
+    spy = Spy()
+    monkeypatch.setattr(module, "attend", spy)
+    m = te_cudnn.DotProductAttention(4, 64, qkv_format="bshd", softmax_type=softmax_type)
+    q = torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16)
+    m(q, q, q)
+    assert spy.last["opts"].softmax_type == softmax_type
+    offset = spy.last["softmax_offset"]
+    if softmax_type == "learnable":
+        assert offset.shape == (1, 4, 1, 1) and offset.dtype == torch.float32 and offset._base is m.softmax_offset
+    else:
+        assert offset is None
+    if softmax_type == "learnable":  # a model cast to bf16 still hands cuDNN fp32 sink logits
+        m.to(torch.bfloat16)
+        m(q, q, q)
+        assert spy.last["softmax_offset"].dtype == torch.float32

@@ -23,7 +23,7 @@ q, k, v = (torch.randn(2, 256, 4, 64, generator=g, device="cuda").to(torch.bfloa
 cu = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device="cuda")
 kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
 out, aux = tc.fused_attn_fwd(True, 256, 256, cu, cu, q, k, v, q.dtype, None, **kw)
-dq, dk, dv, _ = tc.fused_attn_bwd(256, 256, cu, cu, q, k, v, out, out, q.dtype, aux, None, **kw)
+dq, dk, dv, _, _ = tc.fused_attn_bwd(256, 256, cu, cu, q, k, v, out, out, q.dtype, aux, None, **kw)
 torch.save({"out": out.cpu(), "lse": aux[0].cpu(), "dq": dq.cpu(), "dk": dk.cpu(), "dv": dv.cpu()}, sys.argv[1])
 s = tc.plan_cache.stats()
 print(json.dumps({"builds": s.builds, "loads": s.loads, "sources": [p["source"] for p in tc.plan_cache.snapshot()]}))
@@ -81,7 +81,7 @@ for i, (b, s, h, d, mask) in enumerate(shapes):
     cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type=mask)
     out, aux = tc.fused_attn_fwd(True, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    dq, dk, dv, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
+    dq, dk, dv, _, _ = tc.fused_attn_bwd(s, s, cu, cu, q, k, v, out, d_o, q.dtype, aux, None, deterministic=True, **kw)
     results[i] = {"out": out.cpu(), "lse": aux[0].cpu(), "dq": dq.cpu(), "dk": dk.cpu(), "dv": dv.cpu()}
 torch.save(results, out_file)
 st = tc.plan_cache.stats()

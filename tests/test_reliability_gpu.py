@@ -70,7 +70,7 @@ def test_aligned_bias_is_zero_copy_and_unaligned_is_copied(monkeypatch, caplog, 
     seen = _spy_execute(monkeypatch)
     with caplog.at_level(logging.DEBUG, logger="te_cudnn"):
         out, aux = tc.fused_attn_fwd(True, 64, skv, None, None, q, k, v, q.dtype, None, attn_bias=bias, **kw)
-        dq, dk, dv, dbias = tc.fused_attn_bwd(64, skv, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
+        dq, dk, dv, dbias, _ = tc.fused_attn_bwd(64, skv, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
     fwd_bias_ptr, bwd_bias_ptr = seen[0][5], seen[1][9]  # uid order: q k v o stats bias | ... dv bias dbias
     assert aux[2] is bias
     if skv % 8 == 0:
@@ -91,8 +91,8 @@ def test_unaligned_bias_permuted_caller_strides_come_back():
     ref_out, ref_aux = tc.fused_attn_fwd(True, 64, 100, None, None, q, k, v, q.dtype, None,
                                          attn_bias=bias.contiguous(), **kw)  # fmt: skip
     assert torch.equal(out, ref_out)
-    _, _, _, dbias = tc.fused_attn_bwd(64, 100, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
-    _, _, _, ref_dbias = tc.fused_attn_bwd(64, 100, None, None, q, k, v, ref_out, ref_out, q.dtype, ref_aux, None, **kw)
+    _, _, _, dbias, _ = tc.fused_attn_bwd(64, 100, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
+    _, _, _, ref_dbias, _ = tc.fused_attn_bwd(64, 100, None, None, q, k, v, ref_out, ref_out, q.dtype, ref_aux, None, **kw)
     assert dbias.stride() == bias.stride() and torch.equal(dbias, ref_dbias)
 
 

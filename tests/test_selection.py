@@ -123,8 +123,12 @@ DECLINED = [
     ("head_dim_256_training_cudnn91", dict(d=256, env=RuntimeEnv(sm=90, cudnn_version=90100)),
      "head dims above 128 need cuDNN 90500 or newer for training"),
     ("head_dim_256_128_training", dict(d=256, d_v=128), "training with d_qk=256 != d_v=128 (both >= 128) is not supported"),
-    ("softmax_off_by_one", dict(softmax="off_by_one"), "softmax_type=off_by_one (supported: vanilla)"),
-    ("softmax_learnable", dict(softmax="learnable"), "softmax_type=learnable (supported: vanilla)"),
+    ("sink_cudnn_9_12", dict(softmax="learnable", env=RuntimeEnv(sm=90, cudnn_version=91200)),
+     "softmax_type=learnable (attention sinks) needs cuDNN 9.13 or newer, got 9.12.0"),
+    ("sink_decode", dict(softmax="off_by_one", sq=1, skv=512, training=False),
+     "softmax_type=off_by_one: cuDNN's SDPA takes no sink with sq = 1 (decode)"),
+    ("sink_thd_training", dict(softmax="learnable", layout="thd_thd_thd", mask="padding_causal"),
+     "softmax_type=learnable with THD tensors in training: cuDNN's ragged backward with a sink needs 9.26"),
     ("padding_bias", dict(mask="padding", bias="post_scale_bias"),
      "attn_mask_type=padding with post_scale_bias is not fused (TransformerEngine's rule)"),
     ("padding_causal_br_bias", dict(mask="padding_causal_bottom_right", bias="post_scale_bias"),
@@ -145,7 +149,9 @@ DECLINED = [
     ("cudnn_8", dict(env=RuntimeEnv(sm=90, cudnn_version=80906)), "cuDNN 80906 is older than 90000"),
     ("sm75", dict(env=RuntimeEnv(sm=75, cudnn_version=91900)), "GPU sm75 (needs sm80 or newer)"),
     ("blackwell_old_cudnn", dict(env=RuntimeEnv(sm=100, cudnn_version=90600)), "sm100 needs cuDNN 9.7 or newer"),
-    ("return_max_logit", dict(return_max_logit=True), "return_max_logit is not supported yet"),
+    ("return_max_logit", dict(return_max_logit=True),
+     "return_max_logit needs cuDNN 9.21 or newer (before it cuDNN's SDPA cannot output the softmax stats and the "
+     "maximum logit together), found cuDNN 9.19.0"),
 ]  # fmt: skip
 
 

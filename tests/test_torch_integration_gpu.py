@@ -23,7 +23,7 @@ def _opts(layout="bshd_bshd_bshd", mask="causal", bias_type="no_bias", dropout=0
 
 
 def _fwd_args(q, k, v, sq, skv, *, bias=None, cu=(None, None), rng=None, training=True, **kw):
-    return (q, k, v, bias, cu[0], cu[1], None, None, None, None, rng, training, sq, skv, *_opts(**kw))
+    return (q, k, v, bias, cu[0], cu[1], None, None, None, None, rng, None, training, sq, skv, *_opts(**kw))
 
 
 # ------------------------------------------------------------------------------------------ opcheck
@@ -70,7 +70,7 @@ def test_opcheck_bwd_direct():
     args = _opcheck_cases()["dropout"]
     out, stats = torch.ops.te_cudnn.fwd(*args)
     q, k, v = args[:3]
-    bwd = (q, k, v, out, torch.randn_like(out), stats, args[10], None, None, None, None, None, 128, 128,
+    bwd = (q, k, v, out, torch.randn_like(out), stats, args[10], None, None, None, None, None, None, 128, 128,
            *_opts(dropout=0.2))
     torch.library.opcheck(torch.ops.te_cudnn.bwd.default, bwd)
 

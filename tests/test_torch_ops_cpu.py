@@ -133,7 +133,7 @@ def _real_config(layout: QKVLayout, d: Dims, bias_shape: Optional[tuple] = None)
 
 def _fwd(a: dict, layout: QKVLayout, *, bias=None, backend=None, rng_state=None, dropout=0.0):
     return torch.ops.te_cudnn.fwd(
-        a["q"], a["k"], a["v"], bias, a["cu_q"], a["cu_kv"], None, None, a["page_k"], a["page_v"], rng_state, True,
+        a["q"], a["k"], a["v"], bias, a["cu_q"], a["cu_kv"], None, None, a["page_k"], a["page_v"], rng_state, None, True,
         a["max_q"], a["max_kv"], layout.name, "padding", "no_bias" if bias is None else "post_scale_bias", None,
         dropout, -1, -1, None, backend, "vanilla", False,
     )  # fmt: skip
@@ -141,7 +141,7 @@ def _fwd(a: dict, layout: QKVLayout, *, bias=None, backend=None, rng_state=None,
 
 def _bwd(a: dict, layout: QKVLayout, o, d_o, stats, *, bias=None):
     return torch.ops.te_cudnn.bwd(
-        a["q"], a["k"], a["v"], o, d_o, stats, None, bias, a["cu_q"], a["cu_kv"], None, None, a["max_q"],
+        a["q"], a["k"], a["v"], o, d_o, stats, None, bias, None, a["cu_q"], a["cu_kv"], None, None, a["max_q"],
         a["max_kv"], layout.name, "padding", "no_bias" if bias is None else "post_scale_bias", None, 0.0, -1, -1, None,
         None, "vanilla", False,
     )  # fmt: skip
@@ -215,7 +215,7 @@ def test_bwd_fake_matches_alloc_qkv_grads(layout: QKVLayout, dims: Dims) -> None
     with FakeTensorMode():
         a = make_inputs(layout, dims, "cuda")
         o, stats = _fwd(a, layout)
-        g0, g1, g2, dbias = _bwd(a, layout, o, torch.empty_like(o), stats)
+        g0, g1, g2, dbias, d_offset = _bwd(a, layout, o, torch.empty_like(o), stats)
         dq, dk, dv = unpack_grads(layout.name, g0, g1, g2)
     m = make_inputs(layout, dims, "meta")
     ref = alloc_qkv_grads(layout, m["q"], m["k"], m["v"])
@@ -253,7 +253,7 @@ def test_bwd_fake_dbias(bias_shape) -> None:
         else:
             bias = torch.empty(bias_shape, dtype=BF16, device="cuda")
         o, stats = _fwd(a, layout, bias=bias)
-        *_, dbias = _bwd(a, layout, o, torch.empty_like(o), stats, bias=bias)
+        *_, dbias, _ = _bwd(a, layout, o, torch.empty_like(o), stats, bias=bias)
     if cfg.has_dbias:
         assert dbias.shape == bias.shape and dbias.is_contiguous() and dbias.dtype == BF16
     else:
@@ -272,7 +272,7 @@ def test_fwd_fake_follows_symbolic_sizes() -> None:
         q = mode.from_tensor(real, symbolic_context=ctx, source=LocalSource("q"))
         b, s = q.shape[0], q.shape[1]
         assert isinstance(b, torch.SymInt) and isinstance(s, torch.SymInt)
-        out, stats = torch.ops.te_cudnn.fwd(q, q, q, None, None, None, None, None, None, None, None, True, s, s,
+        out, stats = torch.ops.te_cudnn.fwd(q, q, q, None, None, None, None, None, None, None, None, None, True, s, s,
                                             "bshd_bshd_bshd", "causal", "no_bias", None, 0.0, -1, 0, None, None,
                                             "vanilla", False)  # fmt: skip
         assert out.shape == q.shape and tuple(stats.shape) == (b, 4, s, 1)
@@ -422,11 +422,11 @@ def test_registered_autograd_bias_gradient(bias_shape, has_grad) -> None:
 
 
 FWD_ARGS = ["q", "k", "v", "attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-            "page_table_k", "page_table_v", "rng_state", "is_training", "max_seqlen_q", "max_seqlen_kv", "qkv_layout",
+            "page_table_k", "page_table_v", "rng_state", "softmax_offset", "is_training", "max_seqlen_q", "max_seqlen_kv", "qkv_layout",
             "attn_mask_type", "attn_bias_type", "attn_scale", "dropout", "window_left", "window_right",
             "bottom_right_diagonal", "backend", "softmax_type", "deterministic"]  # fmt: skip
-BWD_ARGS = ["q", "k", "v", "o", "d_o", "stats", "rng_state", "attn_bias", "cu_seqlens_q", "cu_seqlens_kv",
-            "cu_seqlens_q_padded", "cu_seqlens_kv_padded", *FWD_ARGS[12:]]  # fmt: skip
+BWD_ARGS = ["q", "k", "v", "o", "d_o", "stats", "rng_state", "attn_bias", "softmax_offset", "cu_seqlens_q",
+            "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", *FWD_ARGS[13:]]  # fmt: skip
 FP8_OPTS = ["max_seqlen_q", "max_seqlen_kv", "qkv_layout", "attn_mask_type", "attn_scale", "backend", "deterministic"]
 FP8_FWD_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv", "fwd_scale", "fwd_scale_inv", "fwd_amax_history",
                 "fwd_format", "bwd_scale", "bwd_scale_inv", "bwd_amax_history", "bwd_format", *FP8_OPTS]  # fmt: skip
@@ -434,7 +434,7 @@ FP8_BWD_ARGS = ["d_out", "q8", "k8", "v8", "o8", "stats", "cu_seqlens_q", "cu_se
                 "bwd_scale", "bwd_scale_inv", "bwd_amax_history", "bwd_format", "out_dtype", *FP8_OPTS]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "args", "n_out"), [("fwd", FWD_ARGS, 2), ("bwd", BWD_ARGS, 4),
+@pytest.mark.parametrize(("name", "args", "n_out"), [("fwd", FWD_ARGS, 2), ("bwd", BWD_ARGS, 5),
                                                      ("fp8_fwd", FP8_FWD_ARGS, 7), ("fp8_bwd", FP8_BWD_ARGS, 4)],
                          ids=["fwd", "bwd", "fp8_fwd", "fp8_bwd"])  # fmt: skip
 def test_op_schema(name: str, args: list, n_out: int) -> None:
@@ -695,7 +695,7 @@ def _check_compiled(fn, c: Case, dynamic: bool, out_shape) -> Recorder:
         if not dynamic:
             assert isinstance(node.args[12], int) and isinstance(node.args[13], int)
         elif c.fmt != "thd":  # the sequence lengths reach the op as symbols
-            assert isinstance(node.args[12], torch.fx.Node) and isinstance(node.args[13], torch.fx.Node)
+            assert isinstance(node.args[13], torch.fx.Node) and isinstance(node.args[14], torch.fx.Node)
     q, k, v, bias, cu = _compile_inputs(c, *SHAPES[0])
     assert torch._dynamo.explain(fn)(q, k, v, bias, cu).graph_break_count == 0
     return graphs
@@ -722,10 +722,10 @@ def test_compile_module(compile_env, case: str, dynamic: bool) -> None:
     graphs = _check_compiled(fn, c, dynamic, lambda q, b, s: (*q.shape[:-2], c.h * D))
     for gm in graphs:
         (node,) = _fwd_nodes(gm)
-        assert node.args[14] == f"{c.fmt}_{c.fmt}_{c.fmt}"
-        assert node.args[15] == ("padding_causal" if c.fmt == "thd" else "causal")  # TE default mask
+        assert node.args[15] == f"{c.fmt}_{c.fmt}_{c.fmt}"
+        assert node.args[16] == ("padding_causal" if c.fmt == "thd" else "causal")  # TE default mask
         if dynamic:  # THD: the token count bounds max_seqlen, a symbol like the sbhd/bshd lengths
-            assert isinstance(node.args[12], torch.fx.Node) and isinstance(node.args[13], torch.fx.Node)
+            assert isinstance(node.args[13], torch.fx.Node) and isinstance(node.args[14], torch.fx.Node)
 
 
 def test_fused_attention_thd_max_seqlen(monkeypatch) -> None:

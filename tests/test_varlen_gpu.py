@@ -116,7 +116,7 @@ def run_varlen(layout, mask, dtype, lengths_q, lengths_kv, *, h=4, hg=4, d=64, s
               cu_seqlens_q_padded=qside.cu_padded, cu_seqlens_kv_padded=kvside.cu_padded)  # fmt: skip
     out, aux = tc.fused_attn_fwd(True, s_max_q, s_max_kv, qside.cu, kvside.cu, q, k, v, dtype, None, **kw)
     d_o = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
-    dq, dk, dv, _ = tc.fused_attn_bwd(s_max_q, s_max_kv, qside.cu, kvside.cu, q, k, v, out, d_o, dtype, aux, None, **kw)
+    dq, dk, dv, _, _ = tc.fused_attn_bwd(s_max_q, s_max_kv, qside.cu, kvside.cu, q, k, v, out, d_o, dtype, aux, None, **kw)
     for name, t in (("O", out), ("dQ", dq)):
         pad = qside.padding_positions(t)
         assert torch.isfinite(t).all() and (pad == 0).all(), f"{name} must be exactly zero past each sequence"

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
             return torch_ops.attention(q, k, v, None, None, None, s_, s_, False, **kw)
 
         def raw_op():
-            return torch.ops.te_cudnn.fwd(q, k, v, None, None, None, None, None, None, None, None, False, s_, s_,
+            return torch.ops.te_cudnn.fwd(q, k, v, None, None, None, None, None, None, None, None, None, False, s_, s_,
                                           layout, mask, "no_bias", None, 0.0, -1, 0, None, None, "vanilla", False)  # fmt: skip
 
         fwd = {"fused_attn_fwd (direct)": direct, "FusedAttnFunc.apply": func_apply,

@@ -36,3 +36,25 @@ def padding_kwargs(graph: Any, cfg: AttnConfig) -> dict[str, Any]:
         "seq_len_q": graph.tensor(name="seq_len_q", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_Q),
         "seq_len_kv": graph.tensor(name="seq_len_kv", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_KV),
     }
+
+
+def sink_kwargs(graph: Any, cfg: AttnConfig, backward: bool) -> dict[str, Any]:
+    """Attention sinks (TE's ``softmax_offset``): the fp32 ``[1, h, 1, 1]`` sink logits as
+    ``sink_token``, and in a learnable backward their gradient as ``dSink_token`` (an output the
+    caller marks) where the graph computes it (``cfg.dsink_in_graph``). Off-by-one passes zeros
+    and takes no gradient."""
+    if not cfg.has_sink:
+        return {}
+    f32 = cudnn_module().data_type.FLOAT
+    dims, strides = [1, cfg.h, 1, 1], [cfg.h, 1, 1, 1]
+    kw = {"sink_token": graph.tensor(name="softmax_offset", dim=dims, stride=strides, data_type=f32, uid=Uid.SINK)}
+    if backward and cfg.dsink_in_graph:
+        kw["dSink_token"] = graph.tensor(name="d_softmax_offset", dim=dims, stride=strides, data_type=f32, uid=Uid.DSINK)
+    return kw
+
+
+def sink_uids(cfg: AttnConfig, backward: bool) -> list[int]:
+    """The operand uids :func:`sink_kwargs` declares, in binding order."""
+    if not cfg.has_sink:
+        return []
+    return [Uid.SINK, Uid.DSINK] if backward and cfg.dsink_in_graph else [Uid.SINK]

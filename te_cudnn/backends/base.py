@@ -53,6 +53,9 @@ class Uid:
     PAGE_TABLE_K = 21  # [b, 1, max_pages_per_seq, 1] int32
     PAGE_TABLE_V = 22
     DS = 23  # max512 backward: the masked softmax gradient, written to scratch (io dtype, F16x16)
+    SINK = 24  # attention sink logits (softmax_offset), fp32 [1, h, 1, 1]
+    DSINK = 25  # backward of learnable sinks: d_softmax_offset, fp32 [1, h, 1, 1]
+    MAX = 26  # forward with return_max_logit: per-row maximum logit, fp32 like the stats
     # FP8 scaling operands, fp32 [1, 1, 1, 1] views into the caller's metadata tensors
     DESCALE_Q = 30
     DESCALE_K = 31
@@ -78,7 +81,7 @@ class Uid:
         1: "q", 2: "k", 3: "v", 4: "o", 5: "stats", 6: "bias", 7: "seed", 8: "offset",
         9: "seq_len_q", 10: "seq_len_kv", 11: "d_o", 12: "dq", 13: "dk", 14: "dv", 15: "dbias",
         16: "ragged_q", 17: "ragged_k", 18: "ragged_v", 19: "ragged_o", 20: "ragged_stats",
-        21: "page_table_k", 22: "page_table_v", 23: "ds",
+        21: "page_table_k", 22: "page_table_v", 23: "ds", 24: "softmax_offset", 25: "d_softmax_offset", 26: "max",
         30: "descale_q", 31: "descale_k", 32: "descale_v", 33: "descale_s", 34: "scale_s", 35: "scale_o",
         36: "amax_s", 37: "amax_o", 38: "descale_o", 39: "descale_do", 40: "descale_dp", 41: "scale_dq",
         42: "scale_dk", 43: "scale_dv", 44: "scale_dp", 45: "amax_dq", 46: "amax_dk", 47: "amax_dv", 48: "amax_dp",
@@ -116,6 +119,7 @@ class Capabilities:
     supports_dropout: bool = True
     supports_window: bool = True
     supports_deterministic: bool = True
+    supports_max_logit: bool = False  # TE 2.x return_max_logit (the per-row maximum logit as an output)
     min_sm: int = 80
     max_sm: Optional[int] = None  # exclusive
     min_cudnn: int = 90000
@@ -170,6 +174,8 @@ class SubBackend:
             why.append(f"dropout={cfg.dropout} is not supported")
         if not c.supports_window and cfg.has_window:
             why.append(f"sliding window {cfg.window} is not supported")
+        if not c.supports_max_logit and cfg.return_max_logit and direction == Direction.FWD:
+            why.append("return_max_logit is not supported (F16_arbitrary_seqlen gives it, as in TransformerEngine)")
         if not c.supports_deterministic and cfg.deterministic and direction == Direction.BWD:
             why.append("a deterministic backward is not supported")
         if direction == Direction.BWD and cfg.do_stride is not None and cfg.saved_softmax != c.saves_softmax:

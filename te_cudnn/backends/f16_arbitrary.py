@@ -16,8 +16,8 @@ import torch
 from ..config import AttnConfig
 from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
 from ..layouts import layout_info
-from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
-from ._common import new_graph, padding_kwargs
+from ..runtime import RuntimeEnv, cudnn_module, cudnn_version_string, torch_dtype_to_cudnn
+from ._common import new_graph, padding_kwargs, sink_kwargs, sink_uids
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["F16ArbitrarySeqlen"]
@@ -30,9 +30,10 @@ class F16ArbitrarySeqlen(SubBackend):
         layouts=frozenset(l for l in QKVLayout if l != QKVLayout.bhsd_bhsd_bhsd),
         masks=frozenset(m for m in AttnMaskType if m != AttnMaskType.arbitrary),
         bias_types=frozenset({AttnBiasType.no_bias, AttnBiasType.post_scale_bias, AttnBiasType.alibi}),
-        softmax_types=frozenset({SoftmaxType.vanilla}),
+        softmax_types=frozenset(SoftmaxType),  # sinks from cuDNN 9.13 (extra_reasons)
         head_dim_multiple=8,
         max_head_dim=128,  # widened to 256 on sm90 below, as cuDNN allows
+        supports_max_logit=True,  # from cuDNN 9.21 (extra_reasons)
         min_sm=80,
         min_cudnn=90000,
         bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
@@ -112,6 +113,31 @@ class F16ArbitrarySeqlen(SubBackend):
                 why.append(f"sliding window {cfg.window} needs sq <= skv, got sq={cfg.sq}, skv={cfg.skv}")
         if direction == Direction.BWD and cfg.deterministic and env.sm is not None and env.sm < 90:
             why.append(f"a deterministic backward needs sm90 or newer, got sm{env.sm}")
+        why.extend(self._sink_reasons(cfg, env, direction))
+        if cfg.return_max_logit and direction == Direction.FWD and v is not None and v < 92100:
+            why.append(f"return_max_logit needs cuDNN 9.21 or newer (before it cuDNN's SDPA cannot output the softmax "
+                       f"stats and the maximum logit together), found cuDNN {cudnn_version_string(v)}")  # fmt: skip
+        if (cfg.cuda_graph and v is not None and v <= 91500 and cfg.is_training and not cfg.is_ragged
+                and cfg.skv % 128 and not cfg.mask.is_padding):  # fmt: skip
+            why.append(f"cuda_graph=True with skv={cfg.skv} (not a multiple of 128) in training: cuDNN {cudnn_version_string(v)} <= 9.15 "
+                       "has a bug there (TransformerEngine's rule)")  # fmt: skip
+        return why
+
+    @staticmethod
+    def _sink_reasons(cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
+        """Attention sinks (softmax_type off_by_one / learnable): cuDNN's limits (frontend 1.32)."""
+        if not cfg.has_sink:
+            return []
+        why, v = [], env.cudnn_version
+        kind = f"softmax_type={cfg.softmax_type.name}"
+        if v is not None and v < 91300:
+            why.append(f"{kind} (attention sinks) needs cuDNN 9.13 or newer, got {cudnn_version_string(v)}")
+        if cfg.sq == 1:
+            why.append(f"{kind}: cuDNN's SDPA takes no sink with sq = 1 (decode)")
+        training = cfg.is_training or direction == Direction.BWD
+        if cfg.is_ragged and training and v is not None and v < 92600:
+            why.append(f"{kind} with THD tensors in training: cuDNN's ragged backward with a sink needs 9.26 (older "
+                       f"versions read out of bounds; the frontend's rule), got {cudnn_version_string(v)}")  # fmt: skip
         return why
 
     @staticmethod
@@ -227,16 +253,27 @@ class F16ArbitrarySeqlen(SubBackend):
                 uids.append(Uid.DBIAS)
         if cfg.has_dropout:
             uids += [Uid.SEED, Uid.OFFSET]
+        uids += sink_uids(cfg, direction == Direction.BWD)
+        if direction == Direction.FWD and cfg.return_max_logit:
+            uids.append(Uid.MAX)
         return tuple(uids + self.runtime_uids(cfg))
 
     def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
         cudnn = cudnn_module()
         g, q, k, v, bias, rag = self._graph(cfg, handle, Direction.FWD)
         kw = self._mask_kwargs(cfg, g)
+        kw.update(sink_kwargs(g, cfg, backward=False))
         if bias is not None:
             kw["bias"] = bias
+        score_max = None
+        if cfg.return_max_logit:  # cuDNN >= 9.21 (extra_reasons): the maximum logit of each row, shaped as the stats
+            score_max = g.tensor(name="max", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
+                                 data_type=cudnn.data_type.FLOAT, uid=Uid.MAX, ragged_offset=rag.get(Uid.RAGGED_STATS))  # fmt: skip
+            kw["score_max"] = score_max
         # TE generates the stats in inference too: aux_ctx_tensors always carries them.
         o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **kw)
+        if score_max is not None:
+            score_max.set_output(True)
         o.set_output(True).set_uid(Uid.O).set_dim([cfg.b, cfg.h, cfg.sq, cfg.d_v]).set_stride(list(cfg.o_stride))
         stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT)
         stats.set_dim([cfg.b, cfg.h, cfg.sq, 1]).set_stride(list(cfg.stats_stride))
@@ -256,6 +293,7 @@ class F16ArbitrarySeqlen(SubBackend):
         stats = g.tensor(name="stats", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
                          data_type=cudnn.data_type.FLOAT, uid=Uid.STATS, ragged_offset=rag.get(Uid.RAGGED_STATS))  # fmt: skip
         kw = self._mask_kwargs(cfg, g)
+        kw.update(sink_kwargs(g, cfg, backward=True))
         if cfg.ragged_q:
             kw["max_total_seq_len_q"] = cfg.max_total_q
         if cfg.ragged_kv:
@@ -284,4 +322,6 @@ class F16ArbitrarySeqlen(SubBackend):
                 t.set_ragged_offset(off)
         if dbias is not None:
             dbias.set_output(True)
+        if "dSink_token" in kw:
+            kw["dSink_token"].set_output(True)
         return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

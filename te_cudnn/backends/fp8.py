@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import FP8_DTYPES, AttnConfig
-from ..enums import BACKEND_FP8_THREADS_PER_CTA, AttnBiasType, AttnMaskType, FusedAttnBackend
+from ..enums import BACKEND_FP8_THREADS_PER_CTA, AttnBiasType, AttnMaskType, FusedAttnBackend, SoftmaxType
 from ..layouts import DENSE_LAYOUTS
-from ..runtime import RuntimeEnv, cudnn_module, torch_dtype_to_cudnn
-from ._common import new_graph, padding_kwargs, scalar
+from ..runtime import RuntimeEnv, cudnn_module, cudnn_version_string, torch_dtype_to_cudnn
+from ._common import new_graph, padding_kwargs, scalar, sink_kwargs, sink_uids
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
 __all__ = ["FP8Backend"]
@@ -39,6 +39,7 @@ class FP8Backend(SubBackend):
         layouts=frozenset(DENSE_LAYOUTS),
         masks=frozenset({AttnMaskType.no_mask, AttnMaskType.causal, AttnMaskType.padding, AttnMaskType.padding_causal}),
         bias_types=frozenset({AttnBiasType.no_bias}),
+        softmax_types=frozenset(SoftmaxType),  # sinks from cuDNN 9.21 (extra_reasons)
         head_dim_multiple=16,
         max_head_dim=256,
         supports_window=False,
@@ -59,6 +60,12 @@ class FP8Backend(SubBackend):
             why.append(f"cuDNN's FP8 backward on Hopper needs d_qk = d_v = 128, got {cfg.d_qk}/{cfg.d_v}")
         if training and cfg.sq == 1 and cfg.skv == 1:  # the frontend's sdpa_fp8_backward validator says so
             why.append("cuDNN's SDPA backward does not support sq = skv = 1")
+        v = env.cudnn_version
+        if cfg.has_sink and v is not None and v < 92100:
+            why.append(f"softmax_type={cfg.softmax_type.name}: FP8 attention takes sinks from cuDNN 9.21 "
+                       f"(TransformerEngine's gate), got {cudnn_version_string(v)}")  # fmt: skip
+        if cfg.has_sink and cfg.sq == 1:
+            why.append(f"softmax_type={cfg.softmax_type.name}: cuDNN's SDPA takes no sink with sq = 1 (decode)")
         return why
 
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
@@ -76,7 +83,7 @@ class FP8Backend(SubBackend):
         else:
             uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, *BWD_SCALARS,
                     Uid.AMAX_DQ, Uid.AMAX_DK, Uid.AMAX_DV, Uid.AMAX_DP]  # fmt: skip
-        return tuple(uids + self.runtime_uids(cfg))
+        return tuple(uids + sink_uids(cfg, direction == Direction.BWD) + self.runtime_uids(cfg))
 
     # ------------------------------------------------------------------ graphs
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
@@ -84,7 +91,8 @@ class FP8Backend(SubBackend):
         q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
         k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
         v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)
-        opts = {"attn_scale": cfg.attn_scale, "use_causal_mask": cfg.mask.is_causal, **padding_kwargs(g, cfg)}
+        opts = {"attn_scale": cfg.attn_scale, "use_causal_mask": cfg.mask.is_causal, **padding_kwargs(g, cfg),
+                **sink_kwargs(g, cfg, backward=direction == Direction.BWD)}  # fmt: skip
         return g, io, q, k, v, opts
 
     @staticmethod
@@ -130,4 +138,6 @@ class FP8Backend(SubBackend):
             t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(grad_io)
         for t, uid in ((amax_dq, Uid.AMAX_DQ), (amax_dk, Uid.AMAX_DK), (amax_dv, Uid.AMAX_DV), (amax_dp, Uid.AMAX_DP)):
             self._amax(t, uid)
+        if "dSink_token" in opts:
+            opts["dSink_token"].set_output(True)
         return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

@@ -66,7 +66,7 @@ class PlanKey:
 def make_key(backend: FusedAttnBackend, direction: Direction, cfg: AttnConfig, cudnn_version: int, frontend_version: str) -> PlanKey:
     """Normalise fields that do not change the graph for this direction, then key."""
     if direction == Direction.FWD:
-        cfg = replace(cfg, deterministic=False, do_stride=None)
+        cfg = replace(cfg, deterministic=False, do_stride=None, cuda_graph=False)
     else:
-        cfg = replace(cfg, is_training=True)
+        cfg = replace(cfg, is_training=True, return_max_logit=False, cuda_graph=False)
     return PlanKey(backend, direction, cfg, cudnn_version, frontend_version)

@@ -1,0 +1,97 @@
+"""Where the host time of a compiled training step of ``examples/train_gpt.py`` goes, te_cudnn
+against torch SDPA: median step time (CUDA events) and a cProfile of the steady state.
+
+    python tools/profile_train_step.py [--mode compile] [--steps 60] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _example():
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import train_gpt  # noqa: PLC0415 - the example's model, as a module Dynamo can import
+
+    return train_gpt
+
+
+def run(attn: str, mode: str, a: argparse.Namespace) -> None:
+    ex = _example()
+    args = ex.parse_args([])
+    torch._dynamo.reset()
+    model = ex.GPT(attn, args.vocab, args.seq, args.layers, args.width, args.heads, args.dropout)
+    model.init_weights(args.seed, args.layers)
+    model.cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"), capturable=True)
+
+    def loss_fn(x, y):
+        with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
+            logits = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    fwd = torch.compile(loss_fn, fullgraph=True) if mode == "compile" else loss_fn
+    x = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+    y = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+
+    for _ in range(15):
+        step()
+    torch.cuda.synchronize()
+    ms, host = [], []
+    for _ in range(a.steps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        e0.record()
+        step()
+        e1.record()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()  # isolate each step: host time and device time separately
+        ms.append(e0.elapsed_time(e1))
+    print(f"\n== {attn} {mode}: median step {statistics.median(ms):.2f} ms (events, synced per step), "
+          f"host {statistics.median(host):.2f} ms")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(a.steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = sorted(((f"{f.split('site-packages/')[-1]}:{ln}:{fn}", nc, tt, ct)
+                   for (f, ln, fn), (_c, nc, tt, ct, _) in st.stats.items()), key=lambda r: -r[2])
+    print(f"{'function (by own time)':80s} {'calls/step':>10s} {'own us':>8s} {'cum us':>9s}")
+    for name, nc, tt, ct in rows[: a.top]:
+        print(f"{name[-80:]:80s} {nc / a.steps:10.1f} {tt / a.steps * 1e6:8.1f} {ct / a.steps * 1e6:9.1f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", default="compile", choices=("compile", "eager"))
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--attn", default="te_cudnn,sdpa")
+    a = p.parse_args(argv)
+    for attn in a.attn.split(","):
+        run(attn, a.mode, a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
