@@ -73,7 +73,7 @@ def run_gpu(cfg: BenchConfig, iters: int) -> dict:
     out, aux = fwd()
     d_o = torch.randn(out.shape, generator=gen, device="cuda").to(q.dtype)
     bwd = lambda: fused_attn_bwd(cfg.sq, cfg.skv, cu_q, cu_kv, q, k, v, out, d_o, q.dtype, aux, None, **kw)  # noqa: E731
-    dq, dk, dv, _ = bwd()
+    dq, dk, dv, _, _ = bwd()
     torch.cuda.synchronize()
     err_o, err_dq = _reference_errors(cfg, q, k, v, bias, out, d_o, dq, dk, dv)
     fwd_ms, bwd_ms = _time_ms(fwd, iters), _time_ms(bwd, iters)
