@@ -18,6 +18,9 @@ backward and optimizer step); ``graph`` (a whole training step -- forward, loss,
 clipping, ``optimizer.step()`` -- captured once with ``torch.cuda.graph`` after warm-up steps on a
 side stream, then replayed; dropout draws fresh masks at every replay).
 
+The two attentions' runs of one mode advance in turn, one training step each, so that drift in
+the host's speed (the compiled step is host-bound at this size) affects both alike.
+
 Prints one line per run, then a table: per attention and mode, the median step time (CUDA
 events, steps after ``--timing-warmup``), tokens/s and the mean loss of the last 50 steps, then
 per mode the relative difference of that loss, te_cudnn vs sdpa (target <= 2%). Loss curves go to
@@ -37,7 +40,7 @@ import sys
 import time
 import traceback
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -151,7 +154,10 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))  # cosine down to 10%
 
 
-def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> dict[str, Any]:
+def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Iterator[None]:
+    """One training run as a generator: it yields after every step (so that ``main`` can
+    interleave the runs of one mode step by step: host-speed drift then hits both alike) and
+    returns the run's results (``StopIteration.value``)."""
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is not None:
@@ -171,7 +177,6 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> dict[
 
     forward_loss: Callable[[Tensor, Tensor], Tensor] = loss_fn
     if mode == "compile":
-        torch._dynamo.reset()
         forward_loss = torch.compile(loss_fn, fullgraph=True)
 
     def step(x: Tensor, y: Tensor) -> Tensor:  # one whole training step; what "graph" captures
@@ -230,6 +235,7 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> dict[
             events[i][1].record()
         else:
             cpu_ms.append(1e3 * (time.perf_counter() - t0))
+        yield
     timed = range(max(first, args.timing_warmup), args.steps)
     if cuda:
         torch.cuda.synchronize()
@@ -341,21 +347,33 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     for mode in modes:
+        if mode == "compile":
+            torch._dynamo.reset()
+        # the attentions' runs of one mode advance in turn, one step each (A B A B ...)
+        active = {attn: train(attn, mode, data, args) for attn in attns}
+        done: dict[str, dict[str, Any]] = {}
+        while active:
+            for attn, run in list(active.items()):
+                try:
+                    next(run)
+                except StopIteration as stop:
+                    done[attn] = stop.value
+                    del active[attn]
+                except Exception:  # keep the other runs: one failing mode should not hide the rest
+                    traceback.print_exc()
+                    failed.append({"attn": attn, "mode": mode, "error": traceback.format_exc(limit=3)})
+                    print(f"  {attn:<9}{mode:<8} FAILED (traceback above)", flush=True)
+                    del active[attn]
         for attn in attns:
-            try:
-                r = train(attn, mode, data, args)
-            except Exception:  # keep the other runs: one failing mode should not hide the rest
-                traceback.print_exc()
-                failed.append({"attn": attn, "mode": mode, "error": traceback.format_exc(limit=3)})
-                print(f"  {attn:<9}{mode:<8} FAILED (traceback above)", flush=True)
-                continue
-            finally:
-                gc.collect()  # free the run's model, optimizer state and graph pool before the next
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            results.append(r)
-            print(f"  {attn:<9}{mode:<8} median {r['median_step_ms']:8.2f} ms/step  "
-                  f"loss {r['losses'][0]:.3f} -> {r['final_loss_mean']:.4f}", flush=True)
+            if attn in done:
+                r = done[attn]
+                results.append(r)
+                print(f"  {attn:<9}{mode:<8} median {r['median_step_ms']:8.2f} ms/step  "
+                      f"loss {r['losses'][0]:.3f} -> {r['final_loss_mean']:.4f}", flush=True)
+        del active, done
+        gc.collect()  # free the runs' models, optimizer states and graph pools before the next mode
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     comparison = report(results, floor, args)
     if results:
         plot(results, floor, args)

@@ -34,6 +34,7 @@ from .enums import (
     FusedAttnBackend,
     QKVFormat,
     QKVLayout,
+    QKVLayoutGroup,
     SoftmaxType,
 )
 from .layouts import alloc_qkv_grads, layout_info
@@ -73,7 +74,8 @@ class _Prepared:
     mult_all: Optional[torch.Tensor] = None  # q, o, stats, k, v (both sides THD)
     fp8: bool = False
     softmax_aux: bool = False  # F16_max512_seqlen: aux[0] is the full softmax S, not fp32 stats
-    plain: bool = False  # forward binds q, k, v, o, stats only (the shortest hot path)
+    plain: bool = False  # dense F16, no bias, FP8, paging, sink: the shortest hot path (dropout allowed)
+    grad_templates: Optional[tuple] = None  # backward, separate q/k/v layouts: dq, dk, dv templates
     zero_rng: Optional[torch.Tensor] = None  # the device's shared all-zero rng_state
     zero_sink: Optional[torch.Tensor] = None  # off_by_one without softmax_offset: zeros [1, h, 1, 1]
     sink_index: int = 2  # backward: where aux_ctx_tensors holds softmax_offset
@@ -81,6 +83,7 @@ class _Prepared:
     zero_stats: bool = False  # max512 causal: S must start zeroed
     empty: bool = False  # a zero-size call: answered by te_cudnn.empty, never by cuDNN
     cu_len: Optional[int] = None  # varlen: the length every cu_seqlens* must have (None: THD, varies per call)
+    runtime_kind: tuple = ()  # varlen: what the runtime buffers depend on besides the cu_seqlens (cache key)
     plan: Optional[CompiledPlan] = None
 
     def get_plan(self) -> CompiledPlan:
@@ -172,6 +175,35 @@ def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
     return buf.copy_(bias)
 
 
+#: Runtime buffers (lengths, ragged offsets) computed from cu_seqlens tensors, reused while the
+#: same tensor objects are passed with unchanged contents: every layer of a model, and the
+#: backward, reuse the first layer's. Keyed by the tensors' identity and version counter (any
+#: in-place write, through any view, bumps it) and the stream; the entry holds the tensors,
+#: so their identity cannot pass to a new tensor while it is cached. Never used while a CUDA
+#: graph is captured (the graph must recompute them on every replay).
+_RUNTIME_CACHE_SIZE = 16
+_runtime_cache: dict[tuple, tuple] = {}
+
+
+def _cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
+    if _is_capturing():
+        return _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
+    key = (
+        prep.runtime_kind, _current_raw_stream(prep.device.index),
+        id(cu_q), cu_q._version, None if cu_kv is None else (id(cu_kv), cu_kv._version),
+        None if cu_q_padded is None else (id(cu_q_padded), cu_q_padded._version),
+        None if cu_kv_padded is None else (id(cu_kv_padded), cu_kv_padded._version),
+    )  # fmt: skip
+    entry = _runtime_cache.get(key)
+    if entry is not None:
+        return entry[1]
+    buffers = _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
+    if len(_runtime_cache) >= _RUNTIME_CACHE_SIZE:
+        _runtime_cache.clear()
+    _runtime_cache[key] = ((cu_q, cu_kv, cu_q_padded, cu_kv_padded), buffers)
+    return buffers
+
+
 def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
     """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a handful of
     tiny kernels on the caller's stream, no host sync. Self-attention (the same cu_seqlens
@@ -196,6 +228,12 @@ def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) ->
         off = ragged_offsets(cu_kv, prep.mult_kv, batch, base_kv)
         out += [offsets_view(off, 0), offsets_view(off, 1)]
     return out
+
+
+def _runtime_kind(cfg: AttnConfig) -> tuple:
+    """Everything besides the cu_seqlens tensors that ``_runtime_buffers`` reads (see _mult_fields)."""
+    return (cfg.mask.is_padding, cfg.ragged_q, cfg.ragged_kv, cfg.b, cfg.h, cfg.d_v, cfg.q_stride, cfg.k_stride,
+            cfg.v_stride, cfg.device)  # fmt: skip
 
 
 def _mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[torch.Tensor]]:
@@ -451,6 +489,7 @@ def _drop_cudnn_objects() -> None:
         with _memo_lock:
             _fwd_memo.clear()
             _bwd_memo.clear()
+        _runtime_cache.clear()
         release_workspaces()
         plan_cache.clear()
         handles._idle.clear()
@@ -461,17 +500,24 @@ def _drop_cudnn_objects() -> None:
 atexit.register(_drop_cudnn_objects)
 
 
-def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: bool = False) -> None:
+_FWD_NAMES = ("q", "k", "v", "out", "softmax_lse")
+_BWD_NAMES = ("q", "k", "v", "o", "aux_ctx_tensors[0]", "d_o")
+
+
+def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: tuple = (),
+             rng_state: Optional[torch.Tensor] = None) -> None:
     """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
     stream's reusable workspace are looked up together, once per (thread, device, stream).
-    ``checked``: ``buffers`` are the five of a plain forward (q, k, v, o, stats); check their
-    16-byte alignment from the same pointers the launch reads. When the tensors' device is not
+    ``checked``: the names of the leading ``buffers`` whose 16-byte alignment is checked from
+    the same pointers the launch reads (``_FWD_NAMES`` / ``_BWD_NAMES``).
+    ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers`` as the graph's seed
+    and offset operands (by address: no views are made on the raw path). When the tensors' device is not
     the current one (model parallel in one process, Hugging Face ``device_map``), the launch
     runs under a guard that makes it current."""
     index = device.index
     if index != _current_device():
         with torch.cuda.device(index):
-            return _execute(plan, buffers, device, checked)
+            return _execute(plan, buffers, device, checked, rng_state)
     slot = (index, _current_raw_stream(index))
     ctx = _launch_local.ctx
     entry = ctx.get(slot)
@@ -496,11 +542,16 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     launch = plan.launch
     if checked:
         ptrs = list(map(_data_ptr, buffers))
-        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
-            _misaligned(q=buffers[0], k=buffers[1], v=buffers[2], out=buffers[3], softmax_lse=buffers[4])
+        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
+            _misaligned(**dict(zip(checked, buffers)))
         if launch.mode == "raw":
+            if rng_state is not None:
+                seed = _data_ptr(rng_state)
+                ptrs += (seed, seed + 8)
             launch.raw(ptrs, ws_ptr, entry[1])
             return
+    if rng_state is not None:
+        buffers = [*buffers, *_seed_offset(rng_state)]
     launch(buffers, ws, handle)
 
 
@@ -633,7 +684,7 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
-    if prep.plain:  # dense, no bias, dropout, FP8 or paging: the shortest path
+    if prep.plain:  # dense F16, no bias, FP8, paging or sink: the shortest path
         plan = prep.plan
         if plan is None or not _hit(plan):
             plan = prep.get_plan()
@@ -641,8 +692,15 @@ def fused_attn_fwd(
         # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
         buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template) if out is None else out,
                    torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
-        _execute(plan, buffers, prep.device, checked=True)
-        return buffers[3], [buffers[4], prep.zero_rng]
+        if not prep.rng_increment:
+            _execute(plan, buffers, prep.device, _FWD_NAMES)
+            return buffers[3], [buffers[4], prep.zero_rng]
+        if rng_state is None:
+            rng_state = _rng_state(prep, rng_gen)
+        else:
+            _check_rng_state(rng_state, prep.device)
+        _execute(plan, buffers, prep.device, _FWD_NAMES, rng_state)
+        return buffers[3], [buffers[4], rng_state]
     if prep.empty:
         return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)),
                           softmax_offset)  # fmt: skip
@@ -703,7 +761,7 @@ def fused_attn_fwd(
         if sink is not None:  # FP8: after the scaling operands
             buffers.append(sink)
     if prep.varlen:
-        buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        buffers += _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     elif prep.full_lens is not None:
         buffers += prep.full_lens
     if cfg.paged is not None:
@@ -818,7 +876,8 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
-    prep.plain = not (cfg.has_dropout or prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
+    prep.runtime_kind = _runtime_kind(cfg)
+    prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
                       or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit)  # fmt: skip
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
         prep.zero_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
@@ -924,6 +983,19 @@ def fused_attn_bwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_bwd(sig, locals())
+    if prep.plain:  # dense F16, no bias, FP8 or sink: the shortest path
+        plan = prep.plan
+        if plan is None or not _hit(plan):
+            plan = prep.get_plan()
+        t = prep.grad_templates
+        if t is not None:  # separate q, k, v: three contiguous results (see _template)
+            dq, dk, dv = torch.empty_like(t[0]), torch.empty_like(t[1]), torch.empty_like(t[2])
+        else:
+            dq, dk, dv = alloc_qkv_grads(prep.cfg.layout, q, k, v)
+        # the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (seed, offset)
+        _execute(plan, [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv], prep.device, _BWD_NAMES,
+                 aux_ctx_tensors[1] if prep.cfg.has_dropout else None)  # fmt: skip
+        return [dq, dk, dv, None, None]
     if prep.empty:
         return empty_bwd(prep.cfg, q, k, v, aux_ctx_tensors[2] if prep.cfg.has_dbias else None,
                          ((amax_dp, amax_dp_offset), (amax_dqkv, amax_dqkv_offset)) if prep.fp8 else ())  # fmt: skip
@@ -966,7 +1038,7 @@ def fused_attn_bwd(
         )  # fmt: skip
         buffers += sink_ops
     if prep.varlen:
-        buffers += _runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        buffers += _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _execute(plan, buffers, prep.device)
     if cfg.has_dsink and not cfg.dsink_in_graph:
         d_sink = _sink_grad(cfg, o, d_o, aux_ctx_tensors[0], aux_ctx_tensors[prep.sink_index], cu_seqlens_q)
@@ -1069,8 +1141,13 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         **_mult_fields(cfg, a["q"].device),
     )
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
+    prep.runtime_kind = _runtime_kind(cfg)
     prep.full_lens = _full_lens(cfg, prep)
     prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
+    prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias)
+    if prep.plain and layout_info(cfg.layout).group == QKVLayoutGroup.L_HD_HD_HD:
+        q, k, v = a["q"], a["k"], a["v"]
+        prep.grad_templates = tuple(_template(t.shape, t.dtype, prep.device) for t in (q, k, v))
     _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_bwd_memo, sig, prep)
     return prep

@@ -84,8 +84,14 @@ def use_custom_ops() -> bool:
 # ------------------------------------------------------------------------------------------
 
 
+_infos: dict = {}
+
+
 def _info(qkv_layout: str):
-    return layout_info(QKVLayout.coerce(qkv_layout, argument="qkv_layout"))
+    info = _infos.get(qkv_layout)
+    if info is None:  # parsed once per layout string (the ops get the layout as a string per call)
+        info = _infos[qkv_layout] = layout_info(QKVLayout.coerce(qkv_layout, argument="qkv_layout"))
+    return info
 
 
 def _stats_like(q: torch.Tensor, k: torch.Tensor, qkv_layout: str, backend: Optional[int]) -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""The per-call runtime buffers of variable-length calls (sequence lengths, ragged offsets) are
+computed once per cu_seqlens tensor and reused while the same tensor objects come back unchanged;
+any in-place write, or a new tensor with the same values, recomputes them. Real torch kernels on
+CPU tensors: ``te_cudnn.ops._runtime_buffers`` is plain torch code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from te_cudnn import ops
+from te_cudnn.backends import BY_ENUM
+from te_cudnn.config import describe_fwd
+from te_cudnn.enums import FusedAttnBackend, QKVLayout
+
+
+def _prep(layout: str, mask: str, q, k, v, cu):
+    cfg = describe_fwd(is_training=True, max_seqlen_q=64, max_seqlen_kv=64, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k,
+                       v=v, qkv_dtype=q.dtype, qkv_layout=QKVLayout.coerce(layout), attn_bias_type="no_bias",
+                       attn_mask_type=mask, window_size=(-1, -1), attn_bias=None, attn_scale=None, dropout=0.0,
+                       softmax_type="vanilla", bottom_right_diagonal=None)  # fmt: skip
+    prep = ops._Prepared(cfg=cfg, backend=BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen], key=None, out_shape=(),
+                         stats_shape=(), device=q.device, rng_increment=0, varlen=True,
+                         **ops._mult_fields(cfg, q.device))  # fmt: skip
+    prep.runtime_kind = ops._runtime_kind(cfg)
+    return prep
+
+
+@pytest.fixture(autouse=True)
+def _cpu_stream(monkeypatch):
+    monkeypatch.setattr(ops, "_current_raw_stream", lambda device: 0)  # CPU tensors: one "stream"
+    ops._runtime_cache.clear()
+    yield
+    ops._runtime_cache.clear()
+
+
+CASES = {
+    "bshd padding": ("bshd_bshd_bshd", "padding", lambda: [torch.randn(3, 64, 4, 32, dtype=torch.bfloat16) for _ in range(3)]),
+    "thd padding_causal": ("thd_thd_thd", "padding_causal", lambda: [torch.randn(100, 4, 32, dtype=torch.bfloat16) for _ in range(3)]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_reused_while_unchanged_recomputed_after_a_write(case: str) -> None:
+    layout, mask, make = CASES[case]
+    q, k, v = make()
+    cu = torch.tensor([0, 30, 64, 100] if layout.startswith("thd") else [0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, cu)
+    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    fresh = ops._runtime_buffers(prep, cu, cu, None, None)
+    assert len(first) == len(fresh) > 0
+    for a, b in zip(first, fresh):
+        assert torch.equal(a, b)
+    again = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    assert all(a is b for a, b in zip(first, again)), "same tensor, unchanged: the cached buffers"
+
+    cu[1] = 20  # an in-place write (version bump): recomputed, and the values follow
+    changed = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for a, b in zip(first, changed))
+    for a, b in zip(changed, ops._runtime_buffers(prep, cu, cu, None, None)):
+        assert torch.equal(a, b)
+    if mask.startswith("padding"):
+        assert changed[0].flatten()[0].item() == 20
+
+
+def test_a_new_tensor_with_the_same_values_is_a_miss() -> None:
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, cu)
+    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    other = cu.clone()
+    second = ops._cached_runtime_buffers(prep, other, other, None, None)
+    assert not any(a is b for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_the_cache_stays_bounded() -> None:
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    keep = []
+    for i in range(3 * ops._RUNTIME_CACHE_SIZE):
+        cu = torch.tensor([0, 1 + i % 30, 64, 90], dtype=torch.int32)
+        keep.append(cu)
+        ops._cached_runtime_buffers(_prep(layout, mask, q, k, v, cu), cu, cu, None, None)
+        assert len(ops._runtime_cache) <= ops._RUNTIME_CACHE_SIZE
