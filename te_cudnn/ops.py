@@ -555,6 +555,48 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     launch(buffers, ws, handle)
 
 
+def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor] = None,
+              softmax_lse: Optional[torch.Tensor] = None, rng_state: Optional[torch.Tensor] = None,
+              rng_gen: Optional[torch.Generator] = None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    """The forward's shortest path (``prep.plain``: dense F16, no bias, FP8, paging or sink;
+    dropout allowed): allocate O and the stats, bind pointers, launch. The caller has matched
+    the call to ``prep`` (fused_attn_fwd by its signature, the custom ops by theirs)."""
+    plan = prep.plan
+    if plan is None or not _hit(plan):
+        plan = prep.get_plan()
+    # empty_like is torch's cheapest allocation; the templates are 1-element tensors
+    # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
+    buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template) if out is None else out,
+               torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
+    if not prep.rng_increment:
+        _execute(plan, buffers, prep.device, _FWD_NAMES)
+        return buffers[3], [buffers[4], prep.zero_rng]
+    if rng_state is None:
+        rng_state = _rng_state(prep, rng_gen)
+    else:
+        _check_rng_state(rng_state, prep.device)
+    _execute(plan, buffers, prep.device, _FWD_NAMES, rng_state)
+    return buffers[3], [buffers[4], rng_state]
+
+
+def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_o: torch.Tensor,
+              stats: torch.Tensor, rng_state: torch.Tensor) -> list[Optional[torch.Tensor]]:  # fmt: skip
+    """The backward's shortest path (``prep.plain``): allocate dQ, dK, dV in the layout's
+    format, bind pointers, launch; ``[dq, dk, dv, None, None]`` as fused_attn_bwd returns."""
+    plan = prep.plan
+    if plan is None or not _hit(plan):
+        plan = prep.get_plan()
+    t = prep.grad_templates
+    if t is not None:  # separate q, k, v: three contiguous results (see _template)
+        dq, dk, dv = torch.empty_like(t[0]), torch.empty_like(t[1]), torch.empty_like(t[2])
+    else:
+        dq, dk, dv = alloc_qkv_grads(prep.cfg.layout, q, k, v)
+    # the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (seed, offset)
+    _execute(plan, [q, k, v, o, stats, d_o, dq, dk, dv], prep.device, _BWD_NAMES,
+             rng_state if prep.cfg.has_dropout else None)  # fmt: skip
+    return [dq, dk, dv, None, None]
+
+
 # ================================================================================ forward
 
 
@@ -603,6 +645,7 @@ def fused_attn_fwd(
     out: Optional[torch.Tensor] = None,
     softmax_lse: Optional[torch.Tensor] = None,
     rng_state: Optional[torch.Tensor] = None,
+    _prepared: Optional[list] = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
 
@@ -634,6 +677,8 @@ def fused_attn_fwd(
     returned instead of new tensors. Keyword-only ``rng_state`` (int64 ``[2]`` on the device:
     Philox seed, offset) is used for dropout instead of drawing from ``rng_gen``, and returned
     as ``aux_ctx_tensors[1]`` (te_cudnn's custom ops pass one drawn on the device).
+    (``_prepared`` is internal: a list that receives the call's prepared description, which
+    the custom ops keep to launch later calls of the same kind directly.)
 
     CUDA graphs: inside a capture, dropout draws its seed and offset on the device from
     ``rng_gen``'s graph-safe state, so every replay uses a fresh mask and the backward replays
@@ -684,23 +729,10 @@ def fused_attn_fwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_fwd(sig, locals())
+    if _prepared is not None:
+        _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8, paging or sink: the shortest path
-        plan = prep.plan
-        if plan is None or not _hit(plan):
-            plan = prep.get_plan()
-        # empty_like is torch's cheapest allocation; the templates are 1-element tensors
-        # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
-        buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template) if out is None else out,
-                   torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
-        if not prep.rng_increment:
-            _execute(plan, buffers, prep.device, _FWD_NAMES)
-            return buffers[3], [buffers[4], prep.zero_rng]
-        if rng_state is None:
-            rng_state = _rng_state(prep, rng_gen)
-        else:
-            _check_rng_state(rng_state, prep.device)
-        _execute(plan, buffers, prep.device, _FWD_NAMES, rng_state)
-        return buffers[3], [buffers[4], rng_state]
+        return plain_fwd(prep, q, k, v, out, softmax_lse, rng_state, rng_gen)
     if prep.empty:
         return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)),
                           softmax_offset)  # fmt: skip
@@ -942,6 +974,8 @@ def fused_attn_bwd(
     bottom_right_diagonal: Optional[bool] = None,
     deterministic: bool = False,
     cuda_graph: bool = False,
+    *,
+    _prepared: Optional[list] = None,
 ) -> list[Optional[torch.Tensor]]:
     """Fused attention backward (TransformerEngine 2.x's ``fused_attn_bwd``).
 
@@ -983,19 +1017,10 @@ def fused_attn_bwd(
         sig = prep = None
     if prep is None:
         prep = _prepare_bwd(sig, locals())
+    if _prepared is not None:
+        _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8 or sink: the shortest path
-        plan = prep.plan
-        if plan is None or not _hit(plan):
-            plan = prep.get_plan()
-        t = prep.grad_templates
-        if t is not None:  # separate q, k, v: three contiguous results (see _template)
-            dq, dk, dv = torch.empty_like(t[0]), torch.empty_like(t[1]), torch.empty_like(t[2])
-        else:
-            dq, dk, dv = alloc_qkv_grads(prep.cfg.layout, q, k, v)
-        # the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (seed, offset)
-        _execute(plan, [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv], prep.device, _BWD_NAMES,
-                 aux_ctx_tensors[1] if prep.cfg.has_dropout else None)  # fmt: skip
-        return [dq, dk, dv, None, None]
+        return plain_bwd(prep, q, k, v, o, d_o, aux_ctx_tensors[0], aux_ctx_tensors[1])
     if prep.empty:
         return empty_bwd(prep.cfg, q, k, v, aux_ctx_tensors[2] if prep.cfg.has_dbias else None,
                          ((amax_dp, amax_dp_offset), (amax_dqkv, amax_dqkv_offset)) if prep.fp8 else ())  # fmt: skip

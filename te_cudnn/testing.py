@@ -85,7 +85,10 @@ def check_close(name: str, actual: torch.Tensor, expected: torch.Tensor, same_pr
     tol = TOLERANCES[dtype]
     err = rel_error(actual, expected)
     torch_err = rel_error(same_precision, expected)
-    bound = min(tol.factor * torch_err + tol.floor, tol.ceiling)
+    # the ceiling caps the slack, but never below the same-precision PyTorch error itself: on tiny,
+    # ill-conditioned problems (e.g. sq = skv = 2, where a gradient nearly cancels) PyTorch's own bf16
+    # result can miss the ceiling, and te_cudnn is then held to "no worse than PyTorch"
+    bound = max(min(tol.factor * torch_err + tol.floor, tol.ceiling), torch_err)
     assert err <= bound, (
         f"{name}: relative error {err:.3e} exceeds {bound:.3e} "
         f"(same-precision PyTorch: {torch_err:.3e}; tolerance {tol})"

@@ -5,7 +5,9 @@
 inside a higher-precision model (casts and fused kernels in one op). Each op has a fake
 (meta) implementation giving the exact shapes, dtypes and strides of its results, so
 ``torch.compile`` traces through it without a graph break (also with dynamic shapes), and an
-autograd formula registered with ``register_autograd``.
+autograd formula (``fwd``: a hand-written Autograd kernel, see :func:`_fwd_autograd`; ``fp8_fwd``:
+``register_autograd``). The options of ``fwd`` / ``bwd`` travel as one ``config`` string
+(:func:`op_config`): the dispatcher converts each argument on every call.
 
 Results (all freshly allocated, contiguous):
 
@@ -26,16 +28,17 @@ Philox seed/offset on the device (graph-safe), and the backward reuses that tens
 """
 
 import os
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
 from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
-from .ops import _device_rng_state, _is_capturing, fused_attn_bwd, fused_attn_fwd
+from .ops import _device_rng_state, _is_capturing, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
+from .policy import token as _policy_token
 
-__all__ = ["attention", "fp8_attention", "use_custom_ops", "unpack_grads", "OPS"]
+__all__ = ["attention", "fp8_attention", "use_custom_ops", "unpack_grads", "op_config", "parse_op_config", "OpConfig", "OPS"]
 
 #: ``TE_CUDNN_CUSTOM_OPS=1`` takes the custom-op path in eager mode too (tests, measurements);
 #: ``=0`` never takes it outside torch.compile / CUDA-graph capture (the default).
@@ -46,14 +49,18 @@ _TAGS = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_stri
 if not _TAGS and hasattr(torch.Tag, "needs_fixed_stride_order"):  # pragma: no cover - older torch
     _TAGS = (torch.Tag.needs_fixed_stride_order,)
 
-_OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_mask_type, str attn_bias_type, "
-         "float? attn_scale, float dropout, int window_left, int window_right, bool? bottom_right_diagonal, "
-         "int? backend, str softmax_type, bool deterministic")  # fmt: skip
 _CU = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded"
+#: The options travel as one string (:func:`op_config`): the dispatcher converts every argument
+#: between Python and C++ on each call, and one string costs a fraction of a dozen scalars
+#: (tools/probe_dispatch.py: 26 arguments 21.8 us, 5 arguments 7.9 us per call on an H100 host).
+#: The two floats stay arguments: under ``dynamic=True`` torch.compile may trace a module's
+#: float attributes as symbols, which cannot be formatted into a constant string.
 FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, {_CU}, Tensor? page_table_k, Tensor? page_table_v, "
-              f"Tensor? rng_state, Tensor? softmax_offset, bool is_training, {_OPTS}) -> (Tensor, Tensor)")  # fmt: skip
+              "Tensor? rng_state, Tensor? softmax_offset, SymInt max_seqlen_q, SymInt max_seqlen_kv, float? attn_scale, "
+              "float dropout, str config) -> (Tensor, Tensor)")  # fmt: skip
 BWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor stats, Tensor? rng_state, "
-              f"Tensor? attn_bias, Tensor? softmax_offset, {_CU}, {_OPTS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+              f"Tensor? attn_bias, Tensor? softmax_offset, {_CU}, SymInt max_seqlen_q, SymInt max_seqlen_kv, "
+              "float? attn_scale, float dropout, str config) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
 _FP8_OPTS = ("SymInt max_seqlen_q, SymInt max_seqlen_kv, str qkv_layout, str attn_mask_type, float? attn_scale, "
              "int? backend, bool deterministic")  # fmt: skip
 FP8_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor fwd_scale, "
@@ -77,6 +84,58 @@ def use_custom_ops() -> bool:
     plain eager mode they call the plans directly (the dispatcher's host time is measured in
     ``tools/bench.py --only ops``)."""
     return _FORCE_OPS or _is_compiling() or _is_capturing()
+
+
+class OpConfig(NamedTuple):
+    """The options of one ``te_cudnn::fwd`` / ``bwd`` call, decoded from its ``config`` string."""
+
+    is_training: bool
+    qkv_layout: str
+    attn_mask_type: str
+    attn_bias_type: str
+    window_left: int
+    window_right: int
+    bottom_right_diagonal: Optional[bool]
+    backend: Optional[int]
+    softmax_type: str
+    deterministic: bool
+
+
+def op_config(is_training: bool, qkv_layout: str, attn_mask_type: str, attn_bias_type: str, window_left: int,
+              window_right: int, bottom_right_diagonal: Optional[bool], backend: Optional[int], softmax_type: str,
+              deterministic: bool) -> str:  # fmt: skip
+    """The ``config`` string of the ``fwd`` / ``bwd`` ops: the options of
+    :func:`te_cudnn.fused_attn_fwd` but ``attn_scale`` and ``dropout`` (arguments of their own) as
+    ``name=value`` pairs, e.g. ``train=1;layout=bshd_bshd_bshd;mask=causal;bias=no_bias;window=-1,0;brd=None;backend=None;softmax=vanilla;det=0``.
+    A constant under torch.compile: it is built while tracing and baked into the graph."""
+    return (f"train={int(bool(is_training))};layout={qkv_layout};mask={attn_mask_type};bias={attn_bias_type};"
+            f"window={int(window_left)},{int(window_right)};brd={bottom_right_diagonal!r};backend={backend!r};"
+            f"softmax={softmax_type};det={int(bool(deterministic))}")  # fmt: skip
+
+
+_OPTIONAL = {"None": None, "True": True, "False": False}
+_configs: dict[str, OpConfig] = {}
+
+
+def parse_op_config(config: str) -> OpConfig:
+    """:func:`op_config`'s inverse (decoded once per distinct string); ``ValueError`` naming
+    the string when it is malformed."""
+    parsed = _configs.get(config)
+    if parsed is not None:
+        return parsed
+    try:
+        f = dict(item.split("=", 1) for item in config.split(";"))
+        left, right = f["window"].split(",")
+        parsed = OpConfig(
+            f["train"] == "1", f["layout"], f["mask"], f["bias"], int(left), int(right), _OPTIONAL[f["brd"]],
+            None if f["backend"] == "None" else int(f["backend"]), f["softmax"], f["det"] == "1",
+        )  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"config={config!r} is not a te_cudnn op config (build it with te_cudnn.torch_ops.op_config); "
+                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    if len(_configs) < 4096:
+        _configs[config] = parsed
+    return parsed
 
 
 # ------------------------------------------------------------------------------------------
@@ -181,51 +240,101 @@ def _heads(q: torch.Tensor, qkv_layout: str) -> int:
     return q.shape[1] if info.q_format == QKVFormat.thd else q.shape[_BHS[info.q_format][1]]
 
 
+#: The ops' launcher caches: a call whose arguments match an earlier one (same config string,
+#: sequence lengths, shapes, strides, dtypes and device; no bias, sequence-length tensors,
+#: page tables or sink) is launched straight from the prepared description fused_attn_fwd /
+#: fused_attn_bwd made for that earlier call, without their own (longer) signatures.
+_fwd_launchers: dict = {}
+_bwd_launchers: dict = {}
+_LAUNCHER_LIMIT = 1024
+
+
+def _keep(cache: dict, key: tuple, prepared: list) -> None:
+    if prepared and prepared[0].plain:
+        if len(cache) >= _LAUNCHER_LIMIT:
+            cache.clear()
+        cache[key] = prepared[0]
+
+
 def _fwd_impl(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-              page_table_k, page_table_v, rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
-              attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
-              backend, softmax_type, deterministic):  # fmt: skip
+              page_table_k, page_table_v, rng_state, softmax_offset, max_seqlen_q, max_seqlen_kv, attn_scale, dropout,
+              config):  # fmt: skip
+    key = seen = None
+    if (attn_bias is None and cu_seqlens_q is None and cu_seqlens_kv is None and cu_seqlens_q_padded is None
+            and cu_seqlens_kv_padded is None and page_table_k is None and softmax_offset is None):  # fmt: skip
+        key = (config, max_seqlen_q, max_seqlen_kv, attn_scale, dropout, q.shape, q.stride(), k.shape, k.stride(),
+               v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), _policy_token())  # fmt: skip
+        prep = _fwd_launchers.get(key)
+        if prep is not None:
+            out, aux = plain_fwd(prep, q, k, v, rng_state=rng_state)
+            return out, aux[0]
+        seen = []
+    c = parse_op_config(config)
     out, aux = fused_attn_fwd(
-        is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype, backend,
+        c.is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype, c.backend,
         attn_bias=attn_bias, cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
         page_table_k=page_table_k, page_table_v=page_table_v, attn_scale=attn_scale, dropout=dropout,
-        qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
-        softmax_type=softmax_type, window_size=(window_left, window_right),
-        bottom_right_diagonal=bottom_right_diagonal, softmax_offset=softmax_offset, rng_state=rng_state,
+        qkv_layout=c.qkv_layout, attn_bias_type=c.attn_bias_type, attn_mask_type=c.attn_mask_type,
+        softmax_type=c.softmax_type, window_size=(c.window_left, c.window_right),
+        bottom_right_diagonal=c.bottom_right_diagonal, softmax_offset=softmax_offset, rng_state=rng_state,
+        _prepared=seen,
     )  # fmt: skip
     stats = aux[0]
-    if stats.dtype != torch.float32 and backend != _MAX512:
+    if stats.dtype != torch.float32 and c.backend != _MAX512:
         raise RuntimeError(
             "te_cudnn's custom op selected F16_max512_seqlen automatically; its saved softmax has another shape than "
             "the op declares. Pass fused_attention_backend='F16_max512_seqlen' explicitly to use it under "
             "torch.compile / CUDA graphs"
         )
+    if key is not None:
+        _keep(_fwd_launchers, key, seen)
     return out, stats
 
 
 def _fwd_fake(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-              page_table_k, page_table_v, rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, qkv_layout,
-              attn_mask_type, attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal,
-              backend, softmax_type, deterministic):  # fmt: skip
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), _stats_like(q, k, qkv_layout, backend)
+              page_table_k, page_table_v, rng_state, softmax_offset, max_seqlen_q, max_seqlen_kv, attn_scale, dropout,
+              config):  # fmt: skip
+    c = parse_op_config(config)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), _stats_like(q, k, c.qkv_layout, c.backend)
 
 
 def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, softmax_offset, cu_seqlens_q, cu_seqlens_kv,
-              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type,
-              attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend,
-              softmax_type, deterministic):  # fmt: skip
+              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, attn_scale, dropout, config):  # fmt: skip
+    key = seen = None
+    if (attn_bias is None and softmax_offset is None and cu_seqlens_q is None and cu_seqlens_kv is None
+            and cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None):  # fmt: skip
+        key = (config, max_seqlen_q, max_seqlen_kv, attn_scale, dropout, q.shape, q.stride(), k.shape, k.stride(),
+               v.shape, v.stride(), o.shape, o.stride(), d_o.shape, d_o.stride(), stats.shape, stats.stride(), q.dtype, k.dtype, v.dtype,
+               o.dtype, d_o.dtype, stats.dtype, q.get_device(), k.get_device(), v.get_device(), o.get_device(),
+               d_o.get_device(), stats.get_device(),
+               None if rng_state is None else (rng_state.shape, rng_state.stride(), rng_state.dtype, rng_state.get_device()),
+               _policy_token())  # fmt: skip
+        prep = _bwd_launchers.get(key)
+        if prep is not None:
+            dq, dk, dv, _, _ = plain_bwd(prep, q, k, v, o, d_o, stats, _zero_rng(q.device) if rng_state is None else rng_state)
+            return _op_grads(prep.cfg.layout.name, q, dq, dk, dv, None, None, None)
+        seen = []
+    c = parse_op_config(config)
     aux = [stats, _zero_rng(q.device) if rng_state is None else rng_state]
     if attn_bias is not None:
         aux.append(attn_bias)
-    if softmax_type != "vanilla":
-        aux.append(_zero_sink(q.device, _heads(q, qkv_layout)) if softmax_offset is None else softmax_offset)
+    if c.softmax_type != "vanilla":
+        aux.append(_zero_sink(q.device, _heads(q, c.qkv_layout)) if softmax_offset is None else softmax_offset)
     dq, dk, dv, dbias, d_offset = fused_attn_bwd(
-        max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, o, d_o, q.dtype, aux, backend,
+        max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, o, d_o, q.dtype, aux, c.backend,
         cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded, attn_scale=attn_scale,
-        dropout=dropout, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
-        softmax_type=softmax_type, window_size=(window_left, window_right),
-        bottom_right_diagonal=bottom_right_diagonal, deterministic=deterministic,
+        dropout=dropout, qkv_layout=c.qkv_layout, attn_bias_type=c.attn_bias_type, attn_mask_type=c.attn_mask_type,
+        softmax_type=c.softmax_type, window_size=(c.window_left, c.window_right),
+        bottom_right_diagonal=c.bottom_right_diagonal, deterministic=c.deterministic, _prepared=seen,
     )  # fmt: skip
+    if key is not None:
+        _keep(_bwd_launchers, key, seen)
+    return _op_grads(c.qkv_layout, q, dq, dk, dv, dbias, d_offset, attn_bias)
+
+
+def _op_grads(qkv_layout: str, q, dq, dk, dv, dbias, d_offset, attn_bias) -> tuple:
+    """The bwd op's five results: gradients in the layout's packing (empty placeholders where a
+    result does not exist: an op's results are tensors that alias neither inputs nor each other)."""
     group = _info(qkv_layout).group
     if group in (QKVLayoutGroup.L_3HD, QKVLayoutGroup.L_H3D):
         g = (_packed_base((dq, dk, dv), -3 if group == QKVLayoutGroup.L_3HD else -2), q.new_empty(0), q.new_empty(0))
@@ -241,39 +350,83 @@ def _bwd_impl(q, k, v, o, d_o, stats, rng_state, attn_bias, softmax_offset, cu_s
 
 
 def _bwd_fake(q, k, v, o, d_o, stats, rng_state, attn_bias, softmax_offset, cu_seqlens_q, cu_seqlens_kv,
-              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, qkv_layout, attn_mask_type,
-              attn_bias_type, attn_scale, dropout, window_left, window_right, bottom_right_diagonal, backend,
-              softmax_type, deterministic):  # fmt: skip
+              cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, attn_scale, dropout, config):  # fmt: skip
+    c = parse_op_config(config)
     dbias = attn_bias.new_empty(attn_bias.shape) if _has_dbias(attn_bias) else q.new_empty(0)
-    learnable = softmax_type == "learnable" and softmax_offset is not None
+    learnable = c.softmax_type == "learnable" and softmax_offset is not None
     d_offset = softmax_offset.new_empty(softmax_offset.shape) if learnable else q.new_empty(0, dtype=torch.float32)
-    return (*_grad_buffers(q, k, v, _info(qkv_layout).group), dbias, d_offset)
+    return (*_grad_buffers(q, k, v, _info(c.qkv_layout).group), dbias, d_offset)
 
 
-_N_FWD_TENSORS = 12  # q, k, v, attn_bias, 4 cu_seqlens, 2 page tables, rng_state, softmax_offset
+_N_FWD_INPUTS = 17  # q, k, v, attn_bias, 4 cu_seqlens, 2 page tables, rng_state, softmax_offset, 2 lengths,
+# attn_scale, dropout, config
 _OFFSET_INPUT = 11  # softmax_offset's position among the fwd op's inputs
 
 
 def _fwd_setup(ctx, inputs, output):
-    (q, k, v, bias, cu_q, cu_kv, cu_qp, cu_kvp, _pk, _pv, rng_state, offset, _training, *opts) = inputs
+    (q, k, v, bias, cu_q, cu_kv, cu_qp, cu_kvp, _pk, _pv, rng_state, offset, *tail) = inputs
     out, stats = output
     ctx.save_for_backward(q, k, v, out, stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp)
-    ctx.opts = opts
+    ctx.tail = tail  # max_seqlen_q, max_seqlen_kv, attn_scale, dropout, config
     ctx.mark_non_differentiable(stats)
 
 
 def _fwd_backward(ctx, d_out, _d_stats):
     q, k, v, out, stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp = ctx.saved_tensors
-    opts = ctx.opts
     g0, g1, g2, dbias, d_offset = torch.ops.te_cudnn.bwd(
-        q, k, v, out, d_out.contiguous(), stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp, *opts
+        q, k, v, out, d_out.contiguous(), stats, rng_state, bias, offset, cu_q, cu_kv, cu_qp, cu_kvp, *ctx.tail
     )
-    dq, dk, dv = unpack_grads(opts[2], g0, g1, g2)
-    grads = [None] * (len(ctx.opts) + _N_FWD_TENSORS + 1)
+    dq, dk, dv = unpack_grads(parse_op_config(ctx.tail[4]).qkv_layout, g0, g1, g2)
+    grads = [None] * _N_FWD_INPUTS
     grads[:4] = (dq, dk, dv, dbias if _has_dbias(bias) else None)
     if offset is not None and d_offset.numel():
         grads[_OFFSET_INPUT] = d_offset
     return tuple(grads)
+
+
+class _FwdWithGrad(torch.autograd.Function):
+    """The autograd node of ``te_cudnn::fwd`` (what ``register_autograd`` would generate): the
+    forward runs the op below autograd, the backward is :func:`_fwd_backward`."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            out, stats = fwd_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+        _fwd_setup(ctx, args, (out, stats))
+        return out, stats
+
+    @staticmethod
+    def backward(ctx, d_out, d_stats):
+        return (None, *_fwd_backward(ctx, d_out, d_stats))
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_CUDA_ONLY: set = set()  # raw keysets seen to hold nothing above the CUDA kernel
+
+
+def _cuda_only(keyset) -> bool:
+    """No mode, subclass, functionalization or fake tensor between autograd and the CUDA kernel."""
+    raw = keyset.raw_repr()
+    if raw in _CUDA_ONLY:
+        return True
+    below = (keyset & _AFTER_AUTOGRAD).remove(torch._C.DispatchKey.ADInplaceOrView)
+    if below.highestPriorityTypeId() != torch._C.DispatchKey.CUDA:
+        return False
+    _CUDA_ONLY.add(raw)
+    return True
+
+
+def _fwd_autograd(keyset, *args):
+    """``te_cudnn::fwd``'s Autograd kernel. With gradients to track: the autograd node. Without
+    (inference, and compiled graphs, which run their forward with grad mode off): the CUDA
+    kernel itself when nothing sits between, instead of a second trip through the dispatcher
+    (register_autograd's redispatch converts every argument again: tools/probe_dispatch.py)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        return _FwdWithGrad.apply(keyset, *args)
+    if _cuda_only(keyset):
+        return _fwd_impl(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return fwd_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
 # ------------------------------------------------------------------------------------------
@@ -346,10 +499,12 @@ def _fp8_fwd_backward(ctx, d_out, *_unused):
     return (dq, dk, dv) + (None,) * (13 + len(ctx.opts) - 3)
 
 
-#: The ops are defined with ``torch.library.Library`` (define / impl / register_fake /
-#: register_autograd) rather than ``torch.library.custom_op``: the same registrations, but the
-#: dispatcher calls our function directly instead of through custom_op's Python wrappers, which
-#: cost tens of microseconds per call in compiled graphs (measured: tools/bench_ops.py).
+#: The ops are defined with ``torch.library.Library`` (define / impl / register_fake) rather than
+#: ``torch.library.custom_op``: the dispatcher calls our function directly instead of through
+#: custom_op's Python wrappers, which cost tens of microseconds per call in compiled graphs
+#: (measured: tools/bench_ops.py). ``fwd``'s autograd is its own Autograd kernel rather than
+#: ``register_autograd``'s, whose no-grad path (every call of a compiled graph) goes through the
+#: dispatcher a second time: 35-39 us against 22 us per call on an H100 host (tools/probe_dispatch.py).
 _lib = torch.library.Library("te_cudnn", "DEF")
 
 
@@ -364,7 +519,7 @@ fwd_op = _define("fwd", FWD_SCHEMA, _fwd_impl, _fwd_fake)
 bwd_op = _define("bwd", BWD_SCHEMA, _bwd_impl, _bwd_fake)
 fp8_fwd_op = _define("fp8_fwd", FP8_FWD_SCHEMA, _fp8_fwd_impl, _fp8_fwd_fake)
 fp8_bwd_op = _define("fp8_bwd", FP8_BWD_SCHEMA, _fp8_bwd_impl, _fp8_bwd_fake)
-torch.library.register_autograd("te_cudnn::fwd", _fwd_backward, setup_context=_fwd_setup, lib=_lib)
+_lib.impl("fwd", _fwd_autograd, "Autograd", with_keyset=True)
 torch.library.register_autograd("te_cudnn::fp8_fwd", _fp8_fwd_backward, setup_context=_fp8_fwd_setup, lib=_lib)
 
 #: name -> OpOverload (``torch.ops.te_cudnn.<name>.default``)
@@ -386,11 +541,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Opti
     """Differentiable attention through ``te_cudnn::fwd`` (and ``bwd`` in the backward). Dropout
     draws its [seed, offset] on the device (fresh per call and per CUDA-graph replay)."""
     rng_state = _device_rng_state(q.device, rng_gen) if is_training and dropout > 0.0 else None
+    config = op_config(is_training, str(qkv_layout), str(attn_mask_type), str(attn_bias_type), window_size[0],
+                       window_size[1], bottom_right_diagonal, None if backend is None else int(backend),
+                       str(softmax_type), deterministic)  # fmt: skip
     out, _ = torch.ops.te_cudnn.fwd(
         q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, None, None,
-        rng_state, softmax_offset, is_training, max_seqlen_q, max_seqlen_kv, str(qkv_layout), str(attn_mask_type),
-        str(attn_bias_type), attn_scale, float(dropout), window_size[0], window_size[1], bottom_right_diagonal,
-        None if backend is None else int(backend), str(softmax_type), deterministic,
+        rng_state, softmax_offset, max_seqlen_q, max_seqlen_kv, attn_scale, float(dropout), config,
     )  # fmt: skip
     return out
 

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import te_cudnn as tc
-from te_cudnn import FusedAttnBackend, UnsupportedConfigError
+from te_cudnn import FusedAttnBackend, UnsupportedConfigError, torch_ops
 from te_cudnn.backends import BY_ENUM, REGISTRY, Direction, Uid, select
 from te_cudnn.config import describe_fwd, describe_shapes
 from te_cudnn.enums import QKVFormat, QKVLayout, SoftmaxType
@@ -243,8 +243,8 @@ def test_explain_and_get_backend_take_softmax_type_and_max_logit():
 
 
 def _op_args(q, offset, softmax):
-    return (q, q, q, None, None, None, None, None, None, None, None, offset, True, q.shape[1], q.shape[1],
-            "bshd_bshd_bshd", "causal", "no_bias", None, 0.0, -1, 0, None, None, softmax, False)
+    config = torch_ops.op_config(True, "bshd_bshd_bshd", "causal", "no_bias", -1, 0, None, None, softmax, False)
+    return (q, q, q, None, None, None, None, None, None, None, None, offset, q.shape[1], q.shape[1], None, 0.0, config)
 
 
 @pytest.mark.parametrize("softmax", ["vanilla", *SINKS])
@@ -255,7 +255,7 @@ def test_bwd_fake_gives_the_sink_gradient(softmax):
         out, stats = torch.ops.te_cudnn.fwd(*_op_args(q, offset, softmax))
         args = _op_args(q, offset, softmax)
         grads = torch.ops.te_cudnn.bwd(q, q, q, out, out, stats, None, None, offset, None, None, None, None,
-                                       *args[13:])  # fmt: skip
+                                       *args[12:])  # fmt: skip
     assert len(grads) == 5
     d_offset = grads[4]
     if softmax == "learnable":

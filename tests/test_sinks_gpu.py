@@ -353,8 +353,8 @@ def test_op_path_and_compile_with_sinks_equal_eager_bitwise():
 def test_opcheck_fwd_with_sink():
     q, k, v, offset = _bshd(seed=16, s=128)
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    args = (q, k, v, None, None, None, None, None, None, None, None, offset.requires_grad_(), True, 128, 128,
-            "bshd_bshd_bshd", "causal", "no_bias", None, 0.0, -1, 0, None, None, "learnable", False)
+    config = torch_ops.op_config(True, "bshd_bshd_bshd", "causal", "no_bias", -1, 0, None, None, "learnable", False)
+    args = (q, k, v, None, None, None, None, None, None, None, None, offset.requires_grad_(), 128, 128, None, 0.0, config)
     torch.library.opcheck(torch.ops.te_cudnn.fwd.default, args)
 
 

@@ -18,12 +18,14 @@ pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
 
 
-def _opts(layout="bshd_bshd_bshd", mask="causal", bias_type="no_bias", dropout=0.0, window=(-1, -1), det=False):
-    return (layout, mask, bias_type, None, dropout, window[0], window[1], None, None, "vanilla", det)
+def _opts(layout="bshd_bshd_bshd", mask="causal", bias_type="no_bias", dropout=0.0, window=(-1, -1), det=False,
+          training=True):
+    return (None, dropout, torch_ops.op_config(training, layout, mask, bias_type, window[0], window[1], None, None,
+                                               "vanilla", det))  # fmt: skip
 
 
 def _fwd_args(q, k, v, sq, skv, *, bias=None, cu=(None, None), rng=None, training=True, **kw):
-    return (q, k, v, bias, cu[0], cu[1], None, None, None, None, rng, None, training, sq, skv, *_opts(**kw))
+    return (q, k, v, bias, cu[0], cu[1], None, None, None, None, rng, None, sq, skv, *_opts(training=training, **kw))
 
 
 # ------------------------------------------------------------------------------------------ opcheck

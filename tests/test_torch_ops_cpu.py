@@ -131,19 +131,22 @@ def _real_config(layout: QKVLayout, d: Dims, bias_shape: Optional[tuple] = None)
                         page_table_v=a["page_v"])  # fmt: skip
 
 
+def _config(layout: QKVLayout, bias=None, backend=None) -> str:
+    return torch_ops.op_config(True, layout.name, "padding", "no_bias" if bias is None else "post_scale_bias", -1, -1,
+                               None, backend, "vanilla", False)  # fmt: skip
+
+
 def _fwd(a: dict, layout: QKVLayout, *, bias=None, backend=None, rng_state=None, dropout=0.0):
     return torch.ops.te_cudnn.fwd(
-        a["q"], a["k"], a["v"], bias, a["cu_q"], a["cu_kv"], None, None, a["page_k"], a["page_v"], rng_state, None, True,
-        a["max_q"], a["max_kv"], layout.name, "padding", "no_bias" if bias is None else "post_scale_bias", None,
-        dropout, -1, -1, None, backend, "vanilla", False,
+        a["q"], a["k"], a["v"], bias, a["cu_q"], a["cu_kv"], None, None, a["page_k"], a["page_v"], rng_state, None,
+        a["max_q"], a["max_kv"], None, dropout, _config(layout, bias, backend),
     )  # fmt: skip
 
 
 def _bwd(a: dict, layout: QKVLayout, o, d_o, stats, *, bias=None):
     return torch.ops.te_cudnn.bwd(
         a["q"], a["k"], a["v"], o, d_o, stats, None, bias, None, a["cu_q"], a["cu_kv"], None, None, a["max_q"],
-        a["max_kv"], layout.name, "padding", "no_bias" if bias is None else "post_scale_bias", None, 0.0, -1, -1, None,
-        None, "vanilla", False,
+        a["max_kv"], None, 0.0, _config(layout, bias),
     )  # fmt: skip
 
 
@@ -272,9 +275,9 @@ def test_fwd_fake_follows_symbolic_sizes() -> None:
         q = mode.from_tensor(real, symbolic_context=ctx, source=LocalSource("q"))
         b, s = q.shape[0], q.shape[1]
         assert isinstance(b, torch.SymInt) and isinstance(s, torch.SymInt)
-        out, stats = torch.ops.te_cudnn.fwd(q, q, q, None, None, None, None, None, None, None, None, None, True, s, s,
-                                            "bshd_bshd_bshd", "causal", "no_bias", None, 0.0, -1, 0, None, None,
-                                            "vanilla", False)  # fmt: skip
+        config = torch_ops.op_config(True, "bshd_bshd_bshd", "causal", "no_bias", -1, 0, None, None, "vanilla", False)
+        out, stats = torch.ops.te_cudnn.fwd(q, q, q, None, None, None, None, None, None, None, None, None, s, s, None,
+                                            0.0, config)  # fmt: skip
         assert out.shape == q.shape and tuple(stats.shape) == (b, 4, s, 1)
         assert str(out.shape[0]) == str(b) and str(stats.shape[2]) == str(s) and str(stats.shape[0]) == str(b)
         assert isinstance(stats.shape[2], torch.SymInt)
@@ -422,11 +425,10 @@ def test_registered_autograd_bias_gradient(bias_shape, has_grad) -> None:
 
 
 FWD_ARGS = ["q", "k", "v", "attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-            "page_table_k", "page_table_v", "rng_state", "softmax_offset", "is_training", "max_seqlen_q", "max_seqlen_kv", "qkv_layout",
-            "attn_mask_type", "attn_bias_type", "attn_scale", "dropout", "window_left", "window_right",
-            "bottom_right_diagonal", "backend", "softmax_type", "deterministic"]  # fmt: skip
+            "page_table_k", "page_table_v", "rng_state", "softmax_offset", "max_seqlen_q", "max_seqlen_kv", "attn_scale",
+            "dropout", "config"]  # fmt: skip
 BWD_ARGS = ["q", "k", "v", "o", "d_o", "stats", "rng_state", "attn_bias", "softmax_offset", "cu_seqlens_q",
-            "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", *FWD_ARGS[13:]]  # fmt: skip
+            "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", *FWD_ARGS[12:]]  # fmt: skip
 FP8_OPTS = ["max_seqlen_q", "max_seqlen_kv", "qkv_layout", "attn_mask_type", "attn_scale", "backend", "deterministic"]
 FP8_FWD_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv", "fwd_scale", "fwd_scale_inv", "fwd_amax_history",
                 "fwd_format", "bwd_scale", "bwd_scale_inv", "bwd_amax_history", "bwd_format", *FP8_OPTS]  # fmt: skip
@@ -447,7 +449,10 @@ def test_op_schema(name: str, args: list, n_out: int) -> None:
     types = {a.name: a.real_type for a in schema.arguments}
     for arg in ("max_seqlen_q", "max_seqlen_kv"):  # dynamic sequence lengths trace
         assert isinstance(types[arg], torch.SymIntType), (arg, types[arg])
-    assert str(types["qkv_layout"]) == "str" and str(types["deterministic"]) == "bool"
+    if name in ("fwd", "bwd"):
+        assert str(types["config"]) == "str"
+    else:
+        assert str(types["qkv_layout"]) == "str" and str(types["deterministic"]) == "bool"
     if hasattr(torch.Tag, "needs_exact_strides"):
         assert torch.Tag.needs_exact_strides in op.tags
     registered = torch_ops.OPS[name]  # an OpOverload, or a CustomOpDef (torch.library.custom_op)
@@ -456,12 +461,34 @@ def test_op_schema(name: str, args: list, n_out: int) -> None:
 
 def test_fwd_schema_types() -> None:
     types = {a.name: str(a.type) for a in torch.ops.te_cudnn.fwd.default._schema.arguments}
-    for name in FWD_ARGS[3:11]:
+    for name in FWD_ARGS[3:12]:
         assert types[name] == "Optional[Tensor]", name
-    assert types["is_training"] == "bool" and types["attn_scale"] == "Optional[float]"
-    assert types["dropout"] == "float" and types["window_left"] == "int" and types["backend"] == "Optional[int]"
+    assert types["config"] == "str" and types["attn_scale"] == "Optional[float]" and types["dropout"] == "float"
     fp8 = {a.name: str(a.real_type) for a in torch.ops.te_cudnn.fp8_fwd.default._schema.arguments}
     assert fp8["fwd_format"] == fp8["bwd_format"] == "ScalarType"
+
+
+OPTION_CASES = {
+    "defaults": (True, "bshd_bshd_bshd", "causal", "no_bias", -1, 0, None, None, "vanilla", False),
+    "every field set": (False, "thd_thd_thd", "padding_causal", "post_scale_bias", 128, 0, True, 1, "learnable", True),
+    "others": (True, "sbhd_sb2hd", "no_mask", "no_bias", -1, -1, False, 2, "off_by_one", False),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+def test_op_config_round_trips_exactly(case: str) -> None:
+    values = OPTION_CASES[case]
+    config = torch_ops.op_config(*values)
+    parsed = torch_ops.parse_op_config(config)
+    assert tuple(parsed) == values
+    assert parsed is torch_ops.parse_op_config(config)  # decoded once per string
+
+
+@pytest.mark.parametrize("bad", ["", "train=1", "train=1;layout=x;mask=y;bias=z;window=-1,oops;brd=None;backend=None;"
+                                 "softmax=vanilla;det=0"])  # fmt: skip
+def test_op_config_rejects_malformed_strings(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a te_cudnn op config"):
+        torch_ops.parse_op_config(bad)
 
 
 # ================================================================================ use_custom_ops
@@ -695,7 +722,8 @@ def _check_compiled(fn, c: Case, dynamic: bool, out_shape) -> Recorder:
         if not dynamic:
             assert isinstance(node.args[12], int) and isinstance(node.args[13], int)
         elif c.fmt != "thd":  # the sequence lengths reach the op as symbols
-            assert isinstance(node.args[13], torch.fx.Node) and isinstance(node.args[14], torch.fx.Node)
+            assert isinstance(node.args[12], torch.fx.Node) and isinstance(node.args[13], torch.fx.Node)
+        assert isinstance(node.args[16], str)  # the options: one constant config string
     q, k, v, bias, cu = _compile_inputs(c, *SHAPES[0])
     assert torch._dynamo.explain(fn)(q, k, v, bias, cu).graph_break_count == 0
     return graphs
@@ -722,10 +750,11 @@ def test_compile_module(compile_env, case: str, dynamic: bool) -> None:
     graphs = _check_compiled(fn, c, dynamic, lambda q, b, s: (*q.shape[:-2], c.h * D))
     for gm in graphs:
         (node,) = _fwd_nodes(gm)
-        assert node.args[15] == f"{c.fmt}_{c.fmt}_{c.fmt}"
-        assert node.args[16] == ("padding_causal" if c.fmt == "thd" else "causal")  # TE default mask
+        config = torch_ops.parse_op_config(node.args[16])
+        assert config.qkv_layout == f"{c.fmt}_{c.fmt}_{c.fmt}"
+        assert config.attn_mask_type == ("padding_causal" if c.fmt == "thd" else "causal")  # TE default mask
         if dynamic:  # THD: the token count bounds max_seqlen, a symbol like the sbhd/bshd lengths
-            assert isinstance(node.args[13], torch.fx.Node) and isinstance(node.args[14], torch.fx.Node)
+            assert isinstance(node.args[12], torch.fx.Node) and isinstance(node.args[13], torch.fx.Node)
 
 
 def test_fused_attention_thd_max_seqlen(monkeypatch) -> None:

@@ -99,8 +99,9 @@ def main(argv=None) -> int:
             return torch_ops.attention(q, k, v, None, None, None, s_, s_, False, **kw)
 
         def raw_op():
-            return torch.ops.te_cudnn.fwd(q, k, v, None, None, None, None, None, None, None, None, None, False, s_, s_,
-                                          layout, mask, "no_bias", None, 0.0, -1, 0, None, None, "vanilla", False)  # fmt: skip
+            config = torch_ops.op_config(False, layout, mask, "no_bias", -1, 0, None, None, "vanilla", False)
+            return torch.ops.te_cudnn.fwd(q, k, v, None, None, None, None, None, None, None, None, None, s_, s_, None, 0.0,
+                                          config)  # fmt: skip
 
         fwd = {"fused_attn_fwd (direct)": direct, "FusedAttnFunc.apply": func_apply,
                "fused_attention (eager: direct path)": eager_fn, "custom op path (torch_ops.attention)": op_path,

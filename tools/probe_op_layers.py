@@ -32,12 +32,19 @@ def main(argv=None) -> int:
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=a.p, is_causal=True)
         return o.transpose(1, 2).reshape(b, s, h * d)
 
+    def te_fn(q, k, v):  # the custom-op wrapper without the module
+        o = torch_ops.attention(q, k, v, None, None, None, s, s, True, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal",
+                                attn_bias_type="no_bias", attn_scale=None, dropout=a.p, window_size=(-1, 0),
+                                bottom_right_diagonal=None, backend=None, softmax_type="vanilla", deterministic=False)
+        return o.view(b, s, h * d)
+
     te_c, sd_c = torch.compile(attn, fullgraph=True), torch.compile(sd, fullgraph=True)
+    te_f = torch.compile(te_fn, fullgraph=True)
     rng = torch.zeros(2, dtype=torch.int64, device="cuda") if a.p else None
-    opts = (True, s, s, "bshd_bshd_bshd", "causal", "no_bias", None, a.p, -1, 0, None, None, "vanilla", False)
-    fo = (q, k, v, None, None, None, None, None, None, None, rng, None) + opts
+    tail = (s, s, None, a.p, torch_ops.op_config(True, "bshd_bshd_bshd", "causal", "no_bias", -1, 0, None, None, "vanilla", False))
+    fo = (q, k, v, None, None, None, None, None, None, None, rng, None) + tail
     out, stats = torch.ops.te_cudnn.fwd(*fo)
-    bo = (q, k, v, out, d_o, stats, rng, None, None, None, None, None, None) + opts[1:]
+    bo = (q, k, v, out, d_o, stats, rng, None, None, None, None, None, None) + tail
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal", dropout=a.p, window_size=(-1, 0))
     o2, aux = tc.fused_attn_fwd(True, s, s, None, None, q, k, v, torch.bfloat16, rng_state=rng, **kw)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -52,6 +59,7 @@ def main(argv=None) -> int:
     fns = {
         "te_cudnn compiled layer fwd+bwd": lambda: te_c(*qkv.unbind(2)).backward(g),
         "sdpa compiled layer fwd+bwd": lambda: sd_c(*qkv.unbind(2)).backward(g),
+        "te_cudnn compiled attention() layer fwd+bwd": lambda: te_f(*qkv.unbind(2)).backward(g),
         "te_cudnn eager layer fwd+bwd": lambda: attn(*qkv.unbind(2)).backward(g),
         "sdpa eager layer fwd+bwd": lambda: sd(*qkv.unbind(2)).backward(g),
         "te ops fwd+bwd (dispatcher)": lambda: (torch.ops.te_cudnn.fwd(*fo), torch.ops.te_cudnn.bwd(*bo)),
