@@ -67,6 +67,20 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
         ms.append(e0.elapsed_time(e1))
     print(f"\n== {attn} {mode}: median step {statistics.median(ms):.2f} ms (events, synced per step), "
           f"host {statistics.median(host):.2f} ms")
+    if a.profiler == "torch":  # self-CPU time per op and region (C++ included), per step
+        from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+        with profile(activities=[ProfilerActivity.CPU]) as tp:
+            for _ in range(a.steps):
+                step()
+        torch.cuda.synchronize()
+        events = sorted(tp.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in events) / a.steps
+        print(f"{'op / region (by self CPU)':70s} {'calls/step':>10s} {'self us':>9s} {'total us':>9s}   (all self: {total:.0f} us)")
+        for e in events[: a.top]:
+            print(f"{e.key[-70:]:70s} {e.count / a.steps:10.1f} {e.self_cpu_time_total / a.steps:9.1f} "
+                  f"{e.cpu_time_total / a.steps:9.1f}")
+        return
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(a.steps):
@@ -87,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--attn", default="te_cudnn,sdpa")
+    p.add_argument("--profiler", default="cprofile", choices=("cprofile", "torch"))
     a = p.parse_args(argv)
     for attn in a.attn.split(","):
         run(attn, a.mode, a)
