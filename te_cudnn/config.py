@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -290,6 +290,30 @@ def _contiguous_bhsd(fmt: QKVFormat, b: int, h: int, s: int, d: int) -> tuple[in
     return (s * h * d, d, h * d, 1)
 
 
+class _Sizes(NamedTuple):
+    """What :func:`_describe_sizes` reads off q, k, v: the batch (and the graph's bucketed one),
+    BHSD sizes and strides, paging and whether the call is empty."""
+
+    b: int
+    b_graph: int
+    bq: int  # the batch the graph is built for (b, or its bucket when every side is THD)
+    sq_graph: Optional[int]
+    skv_graph: Optional[int]
+    h: int
+    hg: int
+    sq: int
+    skv: int
+    d_qk: int
+    d_v: int
+    q_stride: tuple
+    k_stride: tuple
+    v_stride: tuple
+    paged: Optional[tuple]
+    ragged_q: bool
+    ragged_kv: bool
+    empty: bool
+
+
 def describe_fwd(
     *,
     is_training: Any,
@@ -319,7 +343,9 @@ def describe_fwd(
     return_max_logit: Any = False,
     cuda_graph: Any = False,
 ) -> AttnConfig:
-    """Validate a forward call and describe it (dense, THD, mixed and paged layouts)."""
+    """Validate a forward call and describe it (dense, THD, mixed and paged layouts). One
+    concern per helper: the tensors' kinds, the sizes, the strides and packing, the sequence
+    tensors, the results' strides, the bias, the scalar options."""
     if isinstance(v, torch.dtype) and not isinstance(is_training, bool):  # every positional moved up by one
         raise TypeError(
             f"v must be a torch.Tensor, got the dtype {v} (and is_training={_value(is_training)}): is is_training "
@@ -334,7 +360,64 @@ def describe_fwd(
     softmax = SoftmaxType.coerce(softmax_type, argument="softmax_type")
     if not isinstance(is_training, bool):
         raise TypeError(f"is_training must be a bool, got {_value(is_training)}")
+    dtype = _check_dtypes(q, k, v, qkv_dtype)
+    max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
+    max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
+    z = _describe_sizes(layout, q, k, v, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, page_table_k, page_table_v)
+    grad_strides = _check_strides_and_packing(layout, q, k, v, z)
+    _check_sequence_tensors(layout, mask, q, z, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    o_stride, stats_stride = _result_strides(layout, z)
+    bias_shape, bias_stride, bias_copy = _describe_bias(bias_type, attn_bias, q, z)
+    attn_scale, dropout, window, bottom_right_diagonal = _describe_scalars(
+        is_training, attn_scale, z.d_qk, dropout, window_size, mask, bottom_right_diagonal
+    )
+    check_softmax_offset(softmax, softmax_offset, z.h, q)
+    for name, flag in (("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {_value(flag)}")
 
+    return AttnConfig(
+        dtype=dtype,
+        layout=layout,
+        b=z.bq,
+        h=z.h,
+        hg=z.hg,
+        sq=z.sq,
+        skv=z.skv,
+        d_qk=z.d_qk,
+        d_v=z.d_v,
+        q_stride=z.q_stride,
+        k_stride=z.k_stride,
+        v_stride=z.v_stride,
+        o_stride=o_stride,
+        mask=mask,
+        bias_type=bias_type,
+        bias_shape=bias_shape,
+        bias_stride=bias_stride,
+        bias_copy=bias_copy,
+        softmax_type=softmax,
+        dropout=dropout if is_training else 0.0,
+        is_training=is_training,
+        window=window,
+        bottom_right_diagonal=bool(bottom_right_diagonal),
+        attn_scale=attn_scale,
+        deterministic=bool(deterministic),
+        device=_device_index(q),
+        ragged_q=z.ragged_q,
+        ragged_kv=z.ragged_kv,
+        max_total_q=bucket_tokens(q.shape[0]) if z.ragged_q else 0,
+        max_total_kv=bucket_tokens(k.shape[0]) if z.ragged_kv else 0,
+        stats_stride=stats_stride,
+        grad_strides=grad_strides,
+        paged=z.paged,
+        empty=z.empty,
+        return_max_logit=return_max_logit,
+        cuda_graph=cuda_graph,
+    )
+
+
+def _check_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_dtype: Any) -> torch.dtype:
+    """One supported dtype for q, k and v, on one device; ``qkv_dtype`` agrees (F16)."""
     dtype = q.dtype
     if dtype not in F16_DTYPES + FP8_DTYPES:
         raise TypeError(f"q.dtype={dtype}; fused attention takes float16, bfloat16 or float8 tensors")
@@ -345,9 +428,13 @@ def describe_fwd(
     if qkv_dtype is not None and qkv_dtype != dtype and dtype in F16_DTYPES:
         raise TypeError(f"qkv_dtype={qkv_dtype if isinstance(qkv_dtype, torch.dtype) else _value(qkv_dtype)} does not "
                         f"match q.dtype={dtype} (pass q.dtype or None)")  # fmt: skip
+    return dtype
 
-    max_seqlen_q = _scalar("max_seqlen_q", max_seqlen_q, int)
-    max_seqlen_kv = _scalar("max_seqlen_kv", max_seqlen_kv, int)
+
+def _describe_sizes(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int,
+                    max_seqlen_kv: int, cu_seqlens_q, page_table_k, page_table_v) -> _Sizes:  # fmt: skip
+    """Ranks, batch, heads, sequence lengths and head dims of q, k, v, checked against each other."""
+    info = layout_info(layout)
     ragged_q, ragged_kv = info.q_format == QKVFormat.thd, info.kv_format == QKVFormat.thd
     if not info.is_paged and (page_table_k is not None or page_table_v is not None):
         raise ValueError(f"page_table_k/page_table_v were given but qkv_layout={layout.name} is not a paged_kv_* layout")
@@ -411,6 +498,23 @@ def describe_fwd(
         raise ValueError(f"q head dim {d_qk} differs from k head dim {dk}")
     if hg == 0 or h % hg:
         raise ValueError(f"k/v have {hg} heads, which does not divide q's {h} heads (GQA/MQA needs h % hg == 0)")
+    if not ragged_q and max_seqlen_q != sq:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})")
+    if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
+        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (qkv_layout={layout.name})")
+    if ragged_q and max_seqlen_q < 0 or ragged_kv and max_seqlen_kv < 0:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 0")
+    # Nothing to attend: no batch, no queries or no keys (THD: no tokens, or a max_seqlen of 0)
+    empty = 0 in (b, max_seqlen_q if ragged_q else sq, max_seqlen_kv if ragged_kv else skv) or (
+        ragged_q and q.shape[0] == 0) or (ragged_kv and k.shape[0] == 0)  # fmt: skip
+    return _Sizes(b, b_graph, bq, sq_graph, skv_graph, h, hg, sq, skv, d_qk, d_v, q_stride, k_stride, v_stride, paged,
+                  ragged_q, ragged_kv, empty)  # fmt: skip
+
+
+def _check_strides_and_packing(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, z: _Sizes) -> tuple:
+    """Strides cuDNN can read; packed layouts hold views of one buffer; THD tensors have the
+    layout's own strides (dQ/dK/dV share their ragged offsets). Returns dQ, dK, dV's BHSD strides."""
+    info = layout_info(layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_strides(name, t)
     if info.packs_qkv and not (q.shape == k.shape == v.shape):
@@ -426,64 +530,67 @@ def describe_fwd(
                 "buffer or name the layout they have"
             )
     grads = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))  # paged: no backward, unused
-    if ragged_q or ragged_kv:
-        # dq/dk/dv share the inputs' ragged offsets, so THD inputs need the layout's own strides.
+    if z.ragged_q or z.ragged_kv:
         for name, t, g in zip("qkv", (q, k, v), grads):
             if t.dim() == 3 and t.numel() and t.stride() != g.stride():
                 raise ValueError(
                     f"{name} has strides {tuple(t.stride())}; THD tensors of qkv_layout={layout.name} must have "
                     f"the layout's packed strides {tuple(g.stride())} (tokens contiguous)"
                 )
-    if not ragged_q and max_seqlen_q != sq:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})")
-    if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
-        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (qkv_layout={layout.name})")
-    if ragged_q and max_seqlen_q < 0 or ragged_kv and max_seqlen_kv < 0:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 0")
-    # Nothing to attend: no batch, no queries or no keys (THD: no tokens, or a max_seqlen of 0)
-    empty = 0 in (b, max_seqlen_q if ragged_q else sq, max_seqlen_kv if ragged_kv else skv) or (
-        ragged_q and q.shape[0] == 0) or (ragged_kv and k.shape[0] == 0)  # fmt: skip
-    for name, t, ragged in (("cu_seqlens_q", cu_seqlens_q, ragged_q), ("cu_seqlens_kv", cu_seqlens_kv, ragged_kv)):
+    return tuple(
+        _geometry(fmt, n, g, z.b_graph, s_graph)[1]
+        for n, g, fmt, s_graph in zip(("dq", "dk", "dv"), grads, (info.q_format, info.kv_format, info.kv_format),
+                                      (z.sq_graph, z.skv_graph, z.skv_graph))  # fmt: skip
+    )
+
+
+def _check_sequence_tensors(layout: QKVLayout, mask: AttnMaskType, q: torch.Tensor, z: _Sizes, cu_seqlens_q,
+                            cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded) -> None:  # fmt: skip
+    """cu_seqlens_* where padding masks or THD tensors need them, int32 [b + 1] on q's device."""
+    for name, t, ragged in (("cu_seqlens_q", cu_seqlens_q, z.ragged_q), ("cu_seqlens_kv", cu_seqlens_kv, z.ragged_kv)):
         needed_by = f"attn_mask_type={mask.name}" if mask.is_padding else f"qkv_layout={layout.name} (THD tensors)"
-        _check_cu_seqlens(name, t, b, q, mask.is_padding or ragged, needed_by)
+        _check_cu_seqlens(name, t, z.b, q, mask.is_padding or ragged, needed_by)
     for name, t in (("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
         if t is not None:
-            _check_cu_seqlens(name, t, b, q, False)
-    grad_strides = tuple(
-        _geometry(fmt, n, g, b_graph, s_graph)[1]
-        for n, g, fmt, s_graph in zip(
-            ("dq", "dk", "dv"), grads, (info.q_format, info.kv_format, info.kv_format), (sq_graph, skv_graph, skv_graph)
+            _check_cu_seqlens(name, t, z.b, q, False)
+
+
+def _result_strides(layout: QKVLayout, z: _Sizes) -> tuple[tuple, tuple]:
+    """BHSD strides of O and of the softmax stats as the functions allocate them."""
+    if z.ragged_q:
+        return (z.sq * z.h * z.d_v, z.d_v, z.h * z.d_v, 1), (z.sq * z.h, 1, z.h, 1)  # [t, h, d_v], [t, h, 1]
+    return _contiguous_bhsd(layout_info(layout).q_format, z.b, z.h, z.sq, z.d_v), (z.h * z.sq, z.sq, 1, 1)
+
+
+def _describe_bias(bias_type: AttnBiasType, attn_bias: Optional[torch.Tensor], q: torch.Tensor, z: _Sizes) -> tuple:
+    """``(bias_shape, bias_stride, bias_copy)``: a post-scale bias broadcastable to [b, h, sq, skv]
+    in q's dtype and device; ``bias_copy`` when cuDNN cannot read it in place (see ops)."""
+    if bias_type not in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
+        if attn_bias is not None:
+            raise ValueError(f"attn_bias was given but attn_bias_type={bias_type.name}; pass attn_bias_type='post_scale_bias'")
+        return None, None, False
+    if attn_bias is None:
+        raise ValueError(f"attn_bias_type={bias_type.name} needs attn_bias, got None")
+    _tensor("attn_bias", attn_bias)
+    if attn_bias.dtype != q.dtype:
+        raise TypeError(f"attn_bias.dtype={attn_bias.dtype} must equal q.dtype={q.dtype}")
+    _same_device("attn_bias", attn_bias, q)
+    shape, (b, h, sq, skv) = tuple(attn_bias.shape), (z.b, z.h, z.sq, z.skv)
+    ok = len(shape) == 4 and shape[0] in (1, b) and shape[1] in (1, h) and shape[2] in (1, sq) and shape[3] == skv
+    if not ok:
+        raise ValueError(
+            f"attn_bias has shape {list(shape)}; expected [1 or b, 1 or h, sq, skv] = "
+            f"[1|{b}, 1|{h}, {sq}, {skv}] (or [1, 1, 1, {skv}])"
         )
-    )
-    if ragged_q:
-        o_stride = (sq * h * d_v, d_v, h * d_v, 1)  # [t, h, d_v] token-major
-        stats_stride = (sq * h, 1, h, 1)  # [t, h, 1] token-major
-    else:
-        o_stride = _contiguous_bhsd(info.q_format, b, h, sq, d_v)
-        stats_stride = (h * sq, sq, 1, 1)
+    if _cudnn_can_read(attn_bias):
+        return shape, tuple(attn_bias.stride()), False
+    # ops copies it into a buffer with these (aligned) strides; dBias comes back in the caller's
+    return shape, aligned_contiguous_strides(shape, attn_bias.element_size()), True
 
-    bias_shape = bias_stride = None
-    bias_copy = False
-    if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
-        if attn_bias is None:
-            raise ValueError(f"attn_bias_type={bias_type.name} needs attn_bias, got None")
-        _tensor("attn_bias", attn_bias)
-        if attn_bias.dtype != dtype:
-            raise TypeError(f"attn_bias.dtype={attn_bias.dtype} must equal q.dtype={dtype}")
-        _same_device("attn_bias", attn_bias, q)
-        shape = tuple(attn_bias.shape)
-        ok = len(shape) == 4 and shape[0] in (1, b) and shape[1] in (1, h) and shape[2] in (1, sq) and shape[3] == skv
-        if not ok:
-            raise ValueError(
-                f"attn_bias has shape {list(shape)}; expected [1 or b, 1 or h, sq, skv] = "
-                f"[1|{b}, 1|{h}, {sq}, {skv}] (or [1, 1, 1, {skv}])"
-            )
-        bias_shape, bias_stride, bias_copy = shape, tuple(attn_bias.stride()), not _cudnn_can_read(attn_bias)
-        if bias_copy:  # ops copies it into a buffer with these (aligned) strides; dBias comes back in the caller's
-            bias_stride = aligned_contiguous_strides(shape, attn_bias.element_size())
-    elif attn_bias is not None:
-        raise ValueError(f"attn_bias was given but attn_bias_type={bias_type.name}; pass attn_bias_type='post_scale_bias'")
 
+def _describe_scalars(is_training: bool, attn_scale: Any, d_qk: int, dropout: Any, window_size: Any,
+                      mask: AttnMaskType, bottom_right_diagonal: Any) -> tuple:  # fmt: skip
+    """``(attn_scale, dropout, window, bottom_right_diagonal)``, checked and defaulted."""
     if attn_scale is None:
         attn_scale = 1.0 / math.sqrt(d_qk)
     attn_scale = _scalar("attn_scale", attn_scale, float)
@@ -499,49 +606,7 @@ def describe_fwd(
         bottom_right_diagonal = mask.is_bottom_right
     elif not isinstance(bottom_right_diagonal, bool):
         raise TypeError(f"bottom_right_diagonal must be a bool or None, got {type(bottom_right_diagonal).__name__}")
-    check_softmax_offset(softmax, softmax_offset, h, q)
-    for name, flag in (("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {_value(flag)}")
-
-    return AttnConfig(
-        dtype=dtype,
-        layout=layout,
-        b=bq,
-        h=h,
-        hg=hg,
-        sq=sq,
-        skv=skv,
-        d_qk=d_qk,
-        d_v=d_v,
-        q_stride=q_stride,
-        k_stride=k_stride,
-        v_stride=v_stride,
-        o_stride=o_stride,
-        mask=mask,
-        bias_type=bias_type,
-        bias_shape=bias_shape,
-        bias_stride=bias_stride,
-        bias_copy=bias_copy,
-        softmax_type=softmax,
-        dropout=dropout if is_training else 0.0,
-        is_training=is_training,
-        window=window,
-        bottom_right_diagonal=bool(bottom_right_diagonal),
-        attn_scale=attn_scale,
-        deterministic=bool(deterministic),
-        device=_device_index(q),
-        ragged_q=ragged_q,
-        ragged_kv=ragged_kv,
-        max_total_q=bucket_tokens(q.shape[0]) if ragged_q else 0,
-        max_total_kv=bucket_tokens(k.shape[0]) if ragged_kv else 0,
-        stats_stride=stats_stride,
-        grad_strides=grad_strides,
-        paged=paged,
-        empty=empty,
-        return_max_logit=return_max_logit,
-        cuda_graph=cuda_graph,
-    )
+    return attn_scale, dropout, window, bottom_right_diagonal
 
 
 def check_softmax_offset(softmax: SoftmaxType, offset: Any, h: int, q: torch.Tensor, name: str = "softmax_offset") -> None:
