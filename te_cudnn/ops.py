@@ -106,6 +106,20 @@ _memo_lock = threading.Lock()
 _zero_rng: dict[int, torch.Tensor] = {}
 
 
+#: Other caches of prepared calls (the custom ops' launcher caches): forgotten with the memos.
+_dependent_caches: list[dict] = []
+
+
+def forget_prepared() -> None:
+    """Forget every prepared call (the memos and the caches that hold their entries), so the
+    next calls validate and select again (after the backend-policy environment changed)."""
+    with _memo_lock:
+        _fwd_memo.clear()
+        _bwd_memo.clear()
+        for cache in _dependent_caches:
+            cache.clear()
+
+
 def _remember(memo: dict[tuple, _Prepared], sig: Optional[tuple], prepared: _Prepared) -> None:
     if sig is None:
         return
@@ -188,12 +202,15 @@ _runtime_cache: dict[tuple, tuple] = {}
 def _cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
     if _is_capturing():
         return _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
-    key = (
-        prep.runtime_kind, _current_raw_stream(prep.device.index),
-        id(cu_q), cu_q._version, None if cu_kv is None else (id(cu_kv), cu_kv._version),
-        None if cu_q_padded is None else (id(cu_q_padded), cu_q_padded._version),
-        None if cu_kv_padded is None else (id(cu_kv_padded), cu_kv_padded._version),
-    )  # fmt: skip
+    try:
+        key = (
+            prep.runtime_kind, _current_raw_stream(prep.device.index),
+            id(cu_q), cu_q._version, None if cu_kv is None else (id(cu_kv), cu_kv._version),
+            None if cu_q_padded is None else (id(cu_q_padded), cu_q_padded._version),
+            None if cu_kv_padded is None else (id(cu_kv_padded), cu_kv_padded._version),
+        )  # fmt: skip
+    except RuntimeError:  # an inference-mode tensor keeps no version counter: computed every call
+        return _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
     entry = _runtime_cache.get(key)
     if entry is not None:
         return entry[1]
@@ -486,9 +503,7 @@ def _drop_cudnn_objects() -> None:
     from .plans import handles  # noqa: PLC0415
 
     try:
-        with _memo_lock:
-            _fwd_memo.clear()
-            _bwd_memo.clear()
+        forget_prepared()
         _runtime_cache.clear()
         release_workspaces()
         plan_cache.clear()

@@ -194,9 +194,7 @@ def reload_env(environ: Optional[Mapping[str, str]] = None) -> None:
     _ENV = _read_env(os.environ if environ is None else environ)
     ops = sys.modules.get(f"{__package__}.ops")
     if ops is not None:  # prepared calls key on the context token only; the environment is global
-        with ops._memo_lock:
-            ops._fwd_memo.clear()
-            ops._bwd_memo.clear()
+        ops.forget_prepared()
 
 
 # ------------------------------------------------------------------------------- resolution

@@ -35,6 +35,7 @@ import torch
 from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
 from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
+from . import ops as _ops
 from .ops import _device_rng_state, _is_capturing, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
 from .policy import token as _policy_token
 
@@ -247,6 +248,7 @@ def _heads(q: torch.Tensor, qkv_layout: str) -> int:
 _fwd_launchers: dict = {}
 _bwd_launchers: dict = {}
 _LAUNCHER_LIMIT = 1024
+_ops._dependent_caches += [_fwd_launchers, _bwd_launchers]  # forgotten with ops' memos (policy.reload_env)
 
 
 def _keep(cache: dict, key: tuple, prepared: list) -> None:

@@ -84,3 +84,24 @@ def test_the_cache_stays_bounded() -> None:
         keep.append(cu)
         ops._cached_runtime_buffers(_prep(layout, mask, q, k, v, cu), cu, cu, None, None)
         assert len(ops._runtime_cache) <= ops._RUNTIME_CACHE_SIZE
+
+
+def test_inference_tensors_are_computed_every_call() -> None:
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    with torch.inference_mode():
+        cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, torch.tensor([0, 30, 64, 90], dtype=torch.int32))
+    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    second = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not ops._runtime_cache and not any(a is b for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_forget_prepared_clears_the_op_launchers() -> None:
+    from te_cudnn import torch_ops
+
+    torch_ops._fwd_launchers[("probe",)] = object()
+    torch_ops._bwd_launchers[("probe",)] = object()
+    ops.forget_prepared()
+    assert not torch_ops._fwd_launchers and not torch_ops._bwd_launchers
