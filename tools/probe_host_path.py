@@ -71,6 +71,10 @@ def launch_level(b: int, s: int, h: int, d: int, rounds: int, calls: int) -> dic
             if launch.mode == "raw":
                 fns[f"cuDNN raw launch {tag} p={p}"] = (lambda l=launch, pt=ptrs, w=ws.data_ptr(), hd=raw_handle: l.raw(pt, w, hd))
             fns[f"PlanLauncher() {tag} p={p}"] = (lambda l=launch, bf=bufs, w=ws, hd=handle: l(bf, w, hd))
+            # the frontend's public execute of the same graph (what a hand-written binding calls)
+            pack = dict(zip(plan.uids, [*bufs[: len(plan.uids)]]))
+            if len(pack) == len(plan.uids):
+                fns[f"graph.execute(dict) {tag} p={p}"] = (lambda g=plan.graph, pk=pack, w=ws, hd=handle: g.execute(pk, w, handle=hd))
         fns[f"fused_attn_fwd p={p}"] = lambda kw=kw: tc.fused_attn_fwd(True, s, s, None, None, q, k, v, torch.bfloat16, **kw)
         fns[f"fused_attn_bwd p={p}"] = (lambda kw=kw, o=o, aux=aux: tc.fused_attn_bwd(
             s, s, None, None, q, k, v, o, d_o, torch.bfloat16, aux, **kw))
