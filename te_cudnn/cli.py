@@ -7,6 +7,8 @@
     te-cudnn plans export FILE / plans import FILE       ship pre-built plans (a .tar.gz)
     te-cudnn plans warm CONFIGS.json [--check]           build plans ahead of time (needs a GPU;
                                                          --check validates the file anywhere)
+    te-cudnn plans tune CONFIGS.json [--retune]          autotune the configurations' plans: time
+                                                         every engine, store the fastest (needs a GPU)
     te-cudnn explain --layout bshd_bshd_bshd --mask causal --heads 16 --sq 2048 --d 128 ...
     te-cudnn --version                                   te_cudnn, torch, CUDA, cuDNN, frontend, GPU
 
@@ -136,9 +138,19 @@ def _rows(store: PlanStore) -> list[dict[str, Any]]:
             "dtype": k.get("dtype"),
             "shape": f"b={k.get('b')} h={k.get('h')}/{k.get('hg')} sq={k.get('sq')} skv={k.get('skv')} d={k.get('d_qk')}",
             "mask": k.get("mask"), "plan": entry.header.get("plan_name"), "build_ms": entry.header.get("build_ms"),
-            "gpu": f.get("gpu"), "cudnn": f.get("cudnn"),
+            "gpu": f.get("gpu"), "cudnn": f.get("cudnn"), "tuned": _tuned_cell(entry.header.get("tuning")),
         })  # fmt: skip
     return rows
+
+
+def _tuned_cell(record: Any) -> str:
+    """``plans list``'s "tuned" column: the speed-up over the heuristic plan, or "-"."""
+    from .plans.tune import valid_record  # noqa: PLC0415
+
+    if not valid_record(record):
+        return "-"
+    speedup = record.get("speedup")
+    return f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else "yes"
 
 
 def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
@@ -200,7 +212,7 @@ def cmd_list(args) -> int:
         return 0
     root = _root(args)
     rows = _rows(PlanStore(root, facts={}))
-    cols = ["entry", "backend", "direction", "layout", "dtype", "shape", "mask", "plan", "build_ms", "bytes",
+    cols = ["entry", "backend", "direction", "layout", "dtype", "shape", "mask", "plan", "tuned", "build_ms", "bytes",
             "last_used"]
     _emit(args, {"store": str(root), "plans": rows}, _store_line(args, root) + "\n" + _table(rows, cols))
     return 0
@@ -222,7 +234,11 @@ def cmd_show(args) -> int:
         raise CliError(f"{path}: {_one_line(exc)}") from None
     key = header.get("key") if isinstance(header.get("key"), dict) else {}
     text = "\n".join(f"{k}: {v}" for k, v in sorted(key.items()))
-    text += "\n" + "\n".join(f"{k}: {v}" for k, v in sorted(header.items()) if k != "key")
+    text += "\n" + "\n".join(f"{k}: {v}" for k, v in sorted(header.items()) if k not in ("key", "tuning"))
+    if "tuning" in header:  # autotuned: the choice and every candidate's time
+        from .plans.tune import format_record  # noqa: PLC0415
+
+        text += "\n" + format_record(header["tuning"])
     _emit(args, header, f"{path}\n{text}")
     return 0
 
@@ -650,6 +666,70 @@ def cmd_warm(args) -> int:
     return EXIT_FAILED if failures else 0
 
 
+# ----------------------------------------------------------------------------- plans tune
+def _tune_entry(plan: Any, retuned: bool) -> dict[str, Any]:
+    """What ``plans tune`` reports of one plan of a configuration."""
+    if plan.tuning is not None:
+        status = "tuned now" if plan.source == "built" or retuned else "tuned earlier (from the store)"
+    else:
+        status = "not tuned: " + (plan.tuning_error or "its sub-backend's plans are not tuned (not stored)")
+    return {"direction": plan.key.direction.value, "backend": plan.key.backend.name, "plan": plan.plan_name,
+            "status": status, "tuned": plan.tuning is not None, "tuning": plan.tuning,
+            "key": plan.key.describe()}  # fmt: skip
+
+
+def cmd_tune(args) -> int:
+    checked = _check_configs(_load_configs(args.configs))
+    problems = [c["problem"] for c in checked if "problem" in c]
+    if problems:  # before any GPU work
+        more = f"; {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+        raise CliError(f"{args.configs}: {problems[0]}{more}; `te-cudnn plans warm --check {args.configs}` lists "
+                       "every configuration", EXIT_USAGE)  # fmt: skip
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        raise CliError(f"plans tune needs a CUDA device (it times every engine on it); check the file here with "
+                       f"`te-cudnn plans warm --check {args.configs}`")  # fmt: skip
+    if args.store:
+        os.environ["TE_CUDNN_PLAN_STORE"] = args.store
+    if _default_root() is None:
+        print("te-cudnn: warning: the plan store is off (TE_CUDNN_PLAN_STORE=off): the tunings are shown, not kept",
+              file=sys.stderr)  # fmt: skip
+    from . import plan_cache  # noqa: PLC0415
+    from .plans.tune import autotuning, format_record, tune_key  # noqa: PLC0415
+
+    failures, results, lines = 0, [], []
+    for i, c in enumerate(checked, 1):
+        print(f"\r[{i}/{len(checked)}] {c['label']}", end="", file=sys.stderr, flush=True)
+        plan_cache.clear()  # what is cached afterwards is this configuration's plans
+        entry: dict[str, Any] = {"config": c["label"], "plans": []}
+        try:
+            with autotuning(True):
+                _warm_one(c)
+            for plan in sorted(plan_cache.plans(), key=lambda p: p.key.direction.value != "fwd"):
+                retuned = False
+                if args.retune and plan.source == "store":
+                    tune_key(plan.key)
+                    plan, retuned = plan_cache.find(plan.key) or plan, True
+                entry["plans"].append(_tune_entry(plan, retuned))
+        except Exception as exc:  # noqa: BLE001 - report and go on with the next configuration
+            entry["error"] = f"{type(exc).__name__}: {_one_line(exc)}"
+        results.append(entry)
+        failures += "error" in entry or any(not p["tuned"] for p in entry["plans"])
+        lines.append(f"{c['label']}:" + (f" failed: {entry['error']}" if "error" in entry else ""))
+        for p in entry["plans"]:
+            lines.append(f"  {p['direction']} ({p['backend']}): {p['status']}")
+            if p["tuning"] is not None:
+                lines.append(format_record(p["tuning"], indent="    "))
+    print(file=sys.stderr)
+    tuned = sum(p["tuned"] for r in results for p in r["plans"])
+    lines.append(f"tuned {tuned} plan(s) of {len(checked)} configuration(s)"
+                 + (f"; {failures} failed" if failures else ""))
+    store = os.environ.get("TE_CUDNN_PLAN_STORE") or str(_default_root())
+    _emit(args, {"store": store, "configs": results, "failures": failures}, "\n".join(lines))
+    return EXIT_FAILED if failures else 0
+
+
 # ----------------------------------------------------------------------------- explain
 def cmd_explain(args) -> int:
     from . import explain  # noqa: PLC0415
@@ -723,9 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="te-cudnn", description=__doc__.splitlines()[0].replace("``", ""), formatter_class=_Help)
     p.add_argument("--version", action=_Version, help="print the versions of te_cudnn, torch, CUDA, cuDNN, the "
                                                       "frontend and the GPU, and exit")  # fmt: skip
-    sub = p.add_subparsers(dest="command", metavar="{plans,explain}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{plans,explain,bench}", required=True)
     plans = sub.add_parser("plans", help="the persistent plan store", formatter_class=_Help)
-    plans_sub = plans.add_subparsers(dest="plans_command", metavar="{list,show,stats,clear,export,import,warm}",
+    plans_sub = plans.add_subparsers(dest="plans_command", metavar="{list,show,stats,clear,export,import,warm,tune}",
                                      required=True)
 
     def add(name: str, func: Callable[[Any], int], help: str, **kw: Any) -> argparse.ArgumentParser:
@@ -748,6 +828,13 @@ def build_parser() -> argparse.ArgumentParser:
     wp.add_argument("configs", help="JSON (or .toml) file of configurations; keys below")
     wp.add_argument("--check", action="store_true", help="only validate the file and say which sub-backend would "
                     "serve each configuration (on this GPU, or the measured Hopper machine without one)")  # fmt: skip
+    tp = add("tune", cmd_tune, "autotune the plans of configurations: build every engine cuDNN offers, time each on "
+             "this GPU with the real shapes, store the fastest with every candidate's time (needs a GPU)",
+             epilog=_warm_epilog().replace("CONFIGS is", "CONFIGS (as for `plans warm`) is", 1)
+             + "\n\nA plan already tuned in the store is not tuned again (see --retune); `plans show ENTRY` lists "
+               "its candidates. Processes load tuned plans whether or not TE_CUDNN_AUTOTUNE is set.")  # fmt: skip
+    tp.add_argument("configs", help="JSON (or .toml) file of configurations, as for `plans warm`")
+    tp.add_argument("--retune", action="store_true", help="tune again plans the store already holds tuned")
 
     xp = sub.add_parser("explain", parents=[common], formatter_class=_Help,
                         help="which sub-backend serves a configuration, and why not the others",
@@ -778,6 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
     xp.add_argument("--target", choices=("current", "hopper"), default="current",
                     help="check against this machine, or the measured Hopper machine (sm90, cuDNN 9.19)")  # fmt: skip
     xp.set_defaults(func=cmd_explain)
+    from .benchmark.cli import register as register_bench  # noqa: PLC0415 - light: imports no CUDA code
+
+    register_bench(sub, parents=[common])  # te-cudnn bench (te_cudnn/benchmark)
     return p
 
 

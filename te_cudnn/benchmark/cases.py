@@ -253,7 +253,7 @@ QUICK = ("test_0", "test_3", "llama_h32_s8k", "thd_mixed_16k", "decode_kv8k", "d
 
 def select_cases(spec: Optional[Iterable[str] | str] = None, *, quick: bool = False) -> list[Case]:
     """Cases by name or group (a comma-separated string or a list), in run order; ``"all"``
-    is every group; none given: the quick subset or the default groups. Unknown names raise
+    is every group, ``"none"`` no case; none given: the quick subset or the default groups. Unknown names raise
     ``ValueError`` listing what exists."""
     cases = all_cases()
     if spec is None or spec == "" or spec == []:
@@ -263,6 +263,8 @@ def select_cases(spec: Optional[Iterable[str] | str] = None, *, quick: bool = Fa
     by_name = {c.name: c for c in cases}
     wanted: set[str] = set()
     for item in items:
+        if item == "none":  # no case: the ceilings and the host-time section only
+            continue
         if item == "all":
             wanted |= set(by_name)
         elif item == "quick":
@@ -272,7 +274,7 @@ def select_cases(spec: Optional[Iterable[str] | str] = None, *, quick: bool = Fa
         elif item in by_name:
             wanted.add(item)
         else:
-            raise ValueError(f"unknown case or group {item!r}; groups: {', '.join(GROUPS)}, quick, all; "
+            raise ValueError(f"unknown case or group {item!r}; groups: {', '.join(GROUPS)}, quick, all, none; "
                              f"cases: {', '.join(by_name)}")  # fmt: skip
     return [c for c in cases if c.name in wanted]
 

@@ -6,6 +6,12 @@ Statistics (hits, misses, builds, build seconds, evictions, per-plan hits and wo
 readable from Python with :meth:`PlanCache.stats` and :meth:`PlanCache.snapshot`. Each build
 or load from the plan store is logged on the ``"te_cudnn"`` logger (INFO, with its time; plan
 name, workspace and stages at DEBUG); hits are not logged.
+
+Autotuning (``te_cudnn.plans.tune``; off unless ``TE_CUDNN_AUTOTUNE`` or ``autotuning()`` turns it
+on): a plan carries its tuning record (``CompiledPlan.tuning``). The cache holds one plan per key;
+while autotuning is on, a lookup that finds an untuned plan treats it as a miss, and the tuned
+plan replaces it (the old one is marked evicted, so its holders look up again). While it is off,
+any plan serves, and nothing about lookups, builds or loads changes.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class CompiledPlan:
     launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
     source: str = "built"  # "built" here, or "store" (deserialized from the plan store)
     stages: dict = field(default_factory=dict)  # seconds per build or load stage, for inspection
+    tuning: Optional[dict] = None  # the autotuning record (te_cudnn.plans.tune) when the plan is tuned
+    tuning_error: Optional[str] = None  # why tuning this plan's key failed (the heuristic plan serves)
+    tune_checked: bool = False  # landed while autotuning was on: not tuned again in this process
 
     def __post_init__(self) -> None:
         if self.launch is None:
@@ -69,7 +78,16 @@ class CompiledPlan:
             "hits": self.hits,
             "direct_launch": bool(getattr(self.launch, "direct", False)),
             "launch": getattr(self.launch, "mode", "custom"),
+            "tuned": self.tuning is not None,
+            **({"tuning": _tuning_summary(self.tuning)} if self.tuning is not None else {}),
+            **({"tuning_error": self.tuning_error} if self.tuning_error else {}),
         }
+
+
+def _tuning_summary(record: dict) -> dict[str, Any]:
+    """What ``CompiledPlan.info()`` shows of a tuning record: the choice and every candidate."""
+    keys = ("chosen", "heuristic", "speedup", "rule", "candidates", "timestamp")
+    return {k: record.get(k) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -172,9 +190,11 @@ def store_for(device: int):
         return store
 
 
-def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float) -> Optional[CompiledPlan]:
+def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
+                 need_tuning: bool = False) -> Optional[CompiledPlan]:  # fmt: skip
     """The plan deserialized from the store, or None (absent, bad or unloadable: warned once per
-    cause). Its operand uids come from the key; a file whose header says otherwise is skipped."""
+    cause). Its operand uids come from the key; a file whose header says otherwise is skipped.
+    ``need_tuning``: only a plan with a tuning record (checked before deserializing)."""
     from ..backends import BY_ENUM  # noqa: PLC0415
     from ..runtime import cudnn_module  # noqa: PLC0415
     from .handles import handle_for  # noqa: PLC0415
@@ -186,6 +206,12 @@ def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float) -> Opt
                                                        f"({type(exc).__name__}: {exc}); building the plan instead")  # fmt: skip
         return None
     if entry is None:
+        return None
+    from .tune import valid_record  # noqa: PLC0415
+
+    record = entry.header.get("tuning")
+    record = record if valid_record(record) and record["chosen"]["name"] == entry.header.get("plan_name") else None
+    if need_tuning and record is None:
         return None
     uids = tuple(BY_ENUM[key.backend].operand_uids(key.config, key.direction))
     if entry.header.get("uids") != list(uids):
@@ -199,7 +225,7 @@ def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float) -> Opt
         t_deser = time.perf_counter()
         return CompiledPlan(key, g, uids, int(g.get_workspace_size()), str(entry.header.get("plan_name", "unknown")),
                             time.perf_counter() - start, source="store",
-                            stages={"read": t_read - start, "deserialize": t_deser - t_read})  # fmt: skip
+                            stages={"read": t_read - start, "deserialize": t_deser - t_read}, tuning=record)  # fmt: skip
     except Exception as exc:  # a plan this cuDNN cannot load: build it again
         store.warn_once("deserialize", f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding")
         return None
@@ -209,8 +235,10 @@ def _save_built(store, key: PlanKey, desc: dict[str, Any], plan: CompiledPlan) -
     """Store a built plan; a failure (read-only store, disk full, ...) is warned once per cause."""
     try:
         blob = plan.graph.serialize(as_bytes=True)
-        store.save(desc, bytes(blob), {"uids": list(plan.uids), "plan_name": plan.plan_name,
-                                       "build_ms": round(plan.build_seconds * 1e3, 3)})  # fmt: skip
+        meta = {"uids": list(plan.uids), "plan_name": plan.plan_name, "build_ms": round(plan.build_seconds * 1e3, 3)}
+        if plan.tuning is not None:  # the choice and every candidate's time: later processes load it, not tune
+            meta["tuning"] = plan.tuning
+        store.save(desc, bytes(blob), meta)
     except UntrustedStoreError as exc:
         store.warn_once(exc.cause, str(exc))
     except OSError as exc:
@@ -228,20 +256,28 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     The store is an optimisation: nothing it does (absent, off, untrusted, damaged, full,
     read-only, a plan cuDNN cannot load) fails the call; each kind of problem is warned once.
     Its key is the plan key without the GPU ordinal (:meth:`PlanKey.describe`), so the ranks
-    of one node share one file per plan."""
+    of one node share one file per plan.
+
+    With autotuning on (:func:`te_cudnn.plans.tune.tuning_wanted`), only a stored plan with a
+    tuning record is loaded; otherwise the key is tuned (:func:`~te_cudnn.plans.tune.tune_plan`)
+    and the tuned plan, with its record, replaces the stored one. A stored tuned plan is loaded
+    with autotuning off too: tuning is paid once per store fingerprint (GPU model, versions)."""
     from ..backends import BY_ENUM  # noqa: PLC0415
+    from .tune import tune_plan, tuning_wanted  # noqa: PLC0415
 
     if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
         return build_plan(key, make_spec)
+    tune = tuning_wanted(key)
+    builder = tune_plan if tune else build_plan
     start = time.perf_counter()
     store = store_for(key.config.device)
     if store is None:
-        return build_plan(key, make_spec)
+        return builder(key, make_spec)
     desc = key.describe(device=False)
-    plan = _load_stored(store, key, desc, start)
+    plan = _load_stored(store, key, desc, start, need_tuning=tune)
     if plan is not None:
         return plan
-    plan = build_plan(key, make_spec)
+    plan = builder(key, make_spec)
     _save_built(store, key, desc, plan)
     return plan
 
@@ -249,10 +285,15 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
 def _log_landed(plan: CompiledPlan) -> None:
     """INFO: a plan was built or loaded from the plan store, and in how long; DEBUG: its details."""
     ms = plan.build_seconds * 1e3
+    tuned = ""
+    if plan.tuning is not None:
+        sp = plan.tuning.get("speedup")
+        tuned = f" (tuned: {plan.plan_name}" + (f", {sp:.3f}x the heuristic plan)" if isinstance(sp, (int, float))
+                                                 else ")")  # fmt: skip
     if plan.source == "store":
-        _log.info("loaded plan for %s from the plan store in %.1f ms", plan.key, ms)
+        _log.info("loaded plan for %s from the plan store in %.1f ms%s", plan.key, ms, tuned)
     else:
-        _log.info("built plan for %s in %.1f ms", plan.key, ms)
+        _log.info("built plan for %s in %.1f ms%s", plan.key, ms, tuned)
     if _log.isEnabledFor(logging.DEBUG):
         stages = ", ".join(f"{name} {sec * 1e3:.1f} ms" for name, sec in plan.stages.items()) or "n/a"
         _log.debug("  plan name %s, workspace %d bytes, stages: %s", plan.plan_name, plan.workspace_size, stages)
@@ -273,6 +314,21 @@ def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
 
 
 _tick = itertools.count(1).__next__  # atomic under the GIL (one C call)
+
+
+_tune_module: Any = None
+
+
+def _tuning_wanted(key: PlanKey) -> bool:
+    """Whether a lookup of ``key`` wants a tuned plan (``te_cudnn.plans.tune.tuning_wanted``);
+    with autotuning off, a context-variable read and an environment lookup."""
+    global _tune_module
+    tune = _tune_module
+    if tune is None:
+        from . import tune  # noqa: PLC0415
+
+        _tune_module = tune
+    return tune.autotune_enabled() and tune.tuning_wanted(key)
 
 
 def _recency(plan: CompiledPlan) -> int:
@@ -324,11 +380,16 @@ class PlanCache:
         return True
 
     def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
-        """The plan for ``key``, building it (once, even under concurrent callers) on a miss."""
+        """The plan for ``key``, building it (once, even under concurrent callers) on a miss.
+
+        While autotuning is on (``te_cudnn.plans.tune``) and ``key`` can be tuned, a cached plan
+        that is not tuned counts as a miss: the builder tunes, and the tuned plan replaces it. A
+        plan that landed while autotuning was on (tuned, or tuning tried and failed) is final."""
+        tune = _tuning_wanted(key)
         while True:
             with self._lock:
                 plan = self._entries.get(key)
-                if plan is not None:
+                if plan is not None and not (tune and plan.tuning is None and not plan.tune_checked):
                     self._touch(plan)
                     return plan
                 pending = self._building.get(key)
@@ -355,14 +416,44 @@ class PlanCache:
                 else:
                     self._builds += 1
                     self._build_seconds += plan.build_seconds
-                plan.last_used = _tick()
-                self._entries[key] = plan
-                self._evict_to(self.maxsize)
+                if tune:
+                    plan.tune_checked = True
+                self._replace(plan)
                 del self._building[key]
             pending.set()
             if _log.isEnabledFor(logging.INFO):  # once per build or load, never per call
                 _log_landed(plan)
             return plan
+
+    def _replace(self, plan: CompiledPlan) -> None:
+        """Insert ``plan`` (the caller holds the lock); a different plan of its key is retired."""
+        old = self._entries.get(plan.key)
+        if old is not None and old is not plan:
+            self._retire_locked(old)
+        plan.last_used = _tick()
+        plan.evicted = False
+        self._entries[plan.key] = plan
+        self._evict_to(self.maxsize)
+
+    def _retire_locked(self, plan: CompiledPlan) -> None:
+        del self._entries[plan.key]
+        plan.evicted = True  # holders look the key up again
+        self._retired_hits += plan.hits
+
+    def put(self, plan: CompiledPlan) -> None:
+        """Insert ``plan`` (a tuned plan, from ``te_cudnn.plans.tune.tune_key``), replacing the
+        cached plan of its key, whose holders then look up again. Not counted as a build."""
+        with self._lock:
+            self._replace(plan)
+
+    def retire(self, predicate: Callable[[CompiledPlan], bool]) -> int:
+        """Drop the cached plans for which ``predicate`` is true (marked evicted, so that their
+        holders look up again; not counted as evictions); returns how many."""
+        with self._lock:
+            victims = [p for p in self._entries.values() if predicate(p)]
+            for p in victims:
+                self._retire_locked(p)
+            return len(victims)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

@@ -8,7 +8,10 @@ no GPU ordinal: the ranks of one node share one file per plan. A file is::
 
     b"TECUDNN-PLAN\\x01" | u32 header length | JSON header | serialized plan
 
-with the plan's SHA-256 in the header. Writes go to a temporary file in the same directory
+with the plan's SHA-256 in the header (and, for an autotuned plan, its tuning record under
+``"tuning"``: every candidate's time and the choice, see ``te_cudnn.plans.tune``; the record
+lives under the fingerprint, so another GPU model or version never sees it). Writes go to a
+temporary file in the same directory
 and are renamed into place (atomic: concurrent writers of one entry race, and the file is
 always one writer's whole file).
 

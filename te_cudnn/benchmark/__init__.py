@@ -1,0 +1,17 @@
+"""The benchmark users can read: ``te-cudnn bench`` / ``python -m te_cudnn.benchmark``.
+
+Contenders run side by side in one process on the same inputs: te_cudnn (each sub-backend, and
+autotuned where available), the same cuDNN graph built by hand with the frontend, torch SDPA
+(cuDNN, flash, efficient) and FlexAttention. Results go to a markdown table, CSV, JSON and a PNG
+chart. One concern per module: :mod:`.cases` (what is measured), :mod:`.inputs` (the shared
+tensors), :mod:`.contenders` (the interface and the roster) with :mod:`.te_contender`,
+:mod:`.handbuilt` and :mod:`.torch_contenders` (who runs it, and why not), :mod:`.measure`
+(timing on the device), :mod:`.runner` (the run), :mod:`.report` (rendering), :mod:`.cli`
+(the command).
+
+Importing this package touches no CUDA; running needs a GPU.
+"""
+
+from .cli import main, register
+
+__all__ = ["main", "register"]

@@ -1,0 +1,152 @@
+"""Command line: ``te-cudnn bench ...`` (through :func:`register`) and ``python -m te_cudnn.benchmark``.
+
+    python -m te_cudnn.benchmark --quick --out bench/        # about a minute on an H100
+    python -m te_cudnn.benchmark --out bench/                # every default case, under 9 minutes
+    python -m te_cudnn.benchmark --cases llama,decode_kv8k --contenders te_cudnn,sdpa
+    python -m te_cudnn.benchmark --list                      # cases and contenders (no GPU needed)
+
+Exit codes: 0 done (contenders that declined or failed are in the results, with reasons), 1 no
+CUDA GPU, 2 bad arguments. Nothing here imports CUDA-only code before it is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+__all__ = ["main", "register", "build_parser", "add_arguments", "run_from_args"]
+
+EXIT_NO_GPU, EXIT_USAGE = 1, 2
+DESCRIPTION = ("Time te_cudnn against the same cuDNN graph built by hand, torch SDPA (cuDNN, flash, efficient) and "
+               "FlexAttention, side by side in one process on the same inputs; write a table, CSV, JSON and a chart.")  # fmt: skip
+
+
+def _epilog() -> str:
+    from .cases import DEFAULT_GROUPS, GROUPS, QUICK  # noqa: PLC0415
+    from .contenders import CONTENDER_GROUPS  # noqa: PLC0415
+
+    return (f"case groups: {', '.join(GROUPS)} (default: {', '.join(DEFAULT_GROUPS)}); --quick: {', '.join(QUICK)}. "
+            f"contenders: te_cudnn, te_cudnn_autotuned, te_cudnn_fp8, te_cudnn_max512, hand_built, sdpa_cudnn, "
+            f"sdpa_flash, sdpa_efficient, flex; groups: {', '.join(CONTENDER_GROUPS)}. --list shows every case.")  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser, taken: Sequence[str] = ()) -> None:
+    """The options; any whose option string is in ``taken`` (given by a parent parser) is left out."""
+
+    def add(*names: str, **kw: Any) -> None:
+        if not set(names) & set(taken):
+            p.add_argument(*names, **kw)
+
+    _add_options(add)
+
+
+def _add_options(add: Any) -> None:
+    add("--quick", action="store_true", help="a small subset, about one minute on an H100")
+    add("--cases", default=None, help="comma-separated case names or groups (default: the default groups; "
+                                      "'all' adds max512, 'none' runs only the ceilings and host time)")
+    add("--contenders", default=None, help="comma-separated contenders or groups (default: all)")
+    add("--out", default=None, metavar="DIR", help="write results.json, results.csv, table.md, chart.png here")
+    add("--json", dest="json_path", default=None, metavar="FILE", help="also write the results JSON here")
+    add("--rounds", type=int, default=None, help="at most this many interleaved timing rounds per case and mode "
+                                                 "(default 20; --quick 10)")
+    add("--max-seconds", type=float, default=None, help="start no case after this many seconds (default 480; "
+                                                        "--quick 150)")
+    add("--no-graphs", action="store_true", help="eager timing only (no CUDA-graph replay)")
+    add("--no-host", action="store_true", help="skip the host-time section")
+    add("--every-case", action="store_true", help="run FlexAttention (compiles per case) and te_cudnn autotuned "
+                                                  "(tunes per new plan) on every case, not on their default subsets")
+    add("--list", action="store_true", help="list the cases and contenders, then exit (no GPU needed)")
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog or "python -m te_cudnn.benchmark", description=DESCRIPTION,
+                                epilog=_epilog())  # fmt: skip
+    add_arguments(p)
+    return p
+
+
+def register(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command to an argparse subparsers object (``te-cudnn bench``); it
+    sets ``func`` (returning an exit code) and, unless a parent gives one, ``debug``. Options a
+    parent already defines (e.g. a ``--json`` flag) are left to the parent."""
+    sp = subparsers.add_parser("bench", parents=list(parents), help="time te_cudnn against the alternatives "
+                               "(table, CSV, JSON, chart)", description=DESCRIPTION, epilog=_epilog())  # fmt: skip
+    taken = [s for parent in parents for a in parent._actions for s in a.option_strings]
+    add_arguments(sp, taken)
+    if not any(a.dest == "debug" for parent in parents for a in parent._actions):
+        sp.set_defaults(debug=False)
+    sp.set_defaults(func=run_from_args, json_path=None)
+    return sp
+
+
+def _err(message: str) -> None:
+    print(f"te-cudnn bench: {message}", file=sys.stderr)
+
+
+def _list() -> int:
+    from .cases import QUICK, all_cases  # noqa: PLC0415
+    from .contenders import all_contenders  # noqa: PLC0415
+
+    for c in all_cases():
+        print(f"{c.name:22} {c.group:7} {'quick ' if c.name in QUICK else '      '}{c.describe()}")
+    print()
+    for c in all_contenders():
+        print(f"{c.key:20} {c.name}")
+    return 0
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from .cases import select_cases  # noqa: PLC0415
+    from .contenders import select_contenders  # noqa: PLC0415
+
+    if args.list:
+        return _list()
+    try:
+        cases = select_cases(args.cases, quick=args.quick)
+        contenders = select_contenders(args.contenders)
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    if args.rounds is not None and args.rounds < 1:
+        _err(f"--rounds {args.rounds} must be at least 1")
+        return EXIT_USAGE
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        _err("needs a CUDA GPU with cuDNN; torch.cuda.is_available() is False on this machine (--list works without one)")
+        return EXIT_NO_GPU
+    from . import report  # noqa: PLC0415
+    from .runner import Settings, run_benchmark  # noqa: PLC0415
+
+    over: dict[str, Any] = {}
+    if args.max_seconds is not None:
+        over["deadline_s"] = args.max_seconds
+    if args.no_graphs:
+        over["graphs"] = False
+    if args.no_host:
+        over["host"] = False
+    if args.every_case:
+        over["every_case"] = True
+    settings = Settings.for_run(args.quick, args.rounds, **over)
+    results = run_benchmark(cases, contenders, settings, log=lambda line: print(line, flush=True))
+    print()
+    if args.out:  # the files hold everything; the console gets the short form (its tail is what is read)
+        written = report.write_all(results, args.out)
+        print(report.to_summary(results))
+        print(f"\nwrote {', '.join(p for k, p in written.items() if k != 'chart')}")
+        if "chart" in written:
+            print(f"chart: {written['chart']}")
+    else:
+        print(report.to_markdown(results))
+    if getattr(args, "json_path", None):
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            f.write(report.to_json(results))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    return run_from_args(args)

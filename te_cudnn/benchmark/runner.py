@@ -1,0 +1,447 @@
+"""Running the benchmark: the GPU's ceilings, host time per cached call, then every case.
+
+Per case: the inputs are made once; each contender that can run the case is prepared (plans
+built or loaded, graphs compiled), called once (first-call time, plans it built or loaded),
+and probed for peak memory; then every mode (fwd, bwd, fwd+bwd; decode: fwd) is timed for all
+of them interleaved, eager and as CUDA-graph replay. A contender that declines is recorded as
+``skipped`` with its reason, one that fails as ``error`` with the exception's first line;
+neither stops the run. The result is a plain dict (see :mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from .cases import Case
+from .contenders import Contender
+from .handbuilt import HandGraphs
+from .inputs import make_inputs, tensor_bytes
+from .measure import (capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
+                      graph_sampler, host_medians, interleaved, matmul_peak_tflops, summarize)  # fmt: skip
+
+__all__ = ["Settings", "run_benchmark", "environment", "host_section", "SCHEMA"]
+
+SCHEMA = "te_cudnn.benchmark/1"
+
+
+@dataclass
+class Settings:
+    """How long and how carefully to time. ``quick()`` is the one-minute run."""
+
+    quick: bool = False
+    rounds: int = 20  # at most, per case and mode
+    min_rounds: int = 5
+    mode_budget_s: float = 1.2  # timing seconds per case and mode; rounds shrink to fit (not below min_rounds)
+    sample_ms: float = 2.0  # each sample times at least this much work: reps = sample_ms / call time
+    max_reps: int = 50
+    graph_max_ms: float = 20.0  # calls longer than this are timed eagerly only (launch gaps are noise there)
+    graphs: bool = True
+    host: bool = True
+    host_rounds: int = 15
+    host_calls: int = 2000
+    peaks: bool = True
+    deadline_s: float = 480.0  # no case or contender starts after this many seconds
+    every_case: bool = False  # FlexAttention and te_cudnn autotuned on every case, not their default subsets
+
+    @classmethod
+    def for_run(cls, quick: bool, rounds: Optional[int] = None, **over: Any) -> "Settings":
+        s = cls(quick=True, rounds=10, min_rounds=3, mode_budget_s=0.4, host_rounds=7, host_calls=1000,
+                deadline_s=150.0) if quick else cls()  # fmt: skip
+        if rounds is not None:
+            s.rounds = max(1, rounds)
+            s.min_rounds = min(s.min_rounds, s.rounds)
+        for k, v in over.items():
+            setattr(s, k, v)
+        return s
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+
+
+# ---------------------------------------------------------------------------- environment
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        line = out.stdout.strip().splitlines()
+        if out.returncode == 0 and line:
+            return line[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured on: GPU, driver, CUDA, cuDNN, torch, frontend, te_cudnn."""
+    from ..runtime import versions  # noqa: PLC0415
+
+    env: dict[str, Any] = dict(versions())
+    env["driver"] = _driver_version() if torch.cuda.is_available() else "none"
+    env["python"] = platform.python_version()
+    env["torch_cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else "none"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
+        env["sm_count"] = p.multi_processor_count
+    env["time"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return env
+
+
+def measure_peaks(log: Callable[[str], None]) -> dict[str, Any]:
+    peaks: dict[str, Any] = {}
+    for key, fn in (("matmul_bf16_tflops", matmul_peak_tflops), ("matmul_fp8_tflops", fp8_matmul_peak_tflops),
+                    ("copy_gbps", copy_bandwidth_gbps)):  # fmt: skip
+        try:
+            peaks[key] = fn()
+        except Exception as exc:  # noqa: BLE001 - a ceiling we could not measure is left out
+            peaks[key] = None
+            peaks[f"{key}_error"] = _one_line(exc)
+    free_memory()
+    log(f"ceilings: bf16 matmul {_fmt(peaks.get('matmul_bf16_tflops'))} TFLOP/s, fp8 matmul "
+        f"{_fmt(peaks.get('matmul_fp8_tflops'))} TFLOP/s, device copy {_fmt(peaks.get('copy_gbps'))} GB/s")  # fmt: skip
+    return peaks
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+# ---------------------------------------------------------------------------- host time
+#: ``host`` section: te_cudnn's cached call may cost at most this much more host time than the
+#: bare ``graph.execute`` of a hand-built graph (the issue's target)
+HOST_TARGET_US = 3.0
+HOST_YARDSTICK = "bare graph.execute (hand-built graph)"
+HOST_TE = "te_cudnn fused_attn_fwd"
+
+
+def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Host microseconds per cached forward call on a tiny problem (b=1, h=1, s=64, d=64, bf16,
+    bshd, no mask, inference), where the host is the bottleneck."""
+    import torch.nn.functional as F  # noqa: PLC0415
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    import te_cudnn as tc  # noqa: PLC0415
+
+    b, h, s, d = 1, 1, 64, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
+    fns: dict[str, Callable[[], Any]] = {}
+    fns[HOST_TE] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    o_pre = torch.empty_like(q)
+    fns["te_cudnn, preallocated out"] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None,
+                                                                    out=o_pre, **kw)  # fmt: skip
+    qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
+    hand = HandGraphs(qb, kb, vb, training=False, causal=False)
+    fns[HOST_YARDSTICK] = lambda: hand.gf.execute(hand.fpack, hand.workspace, handle=hand.handle)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qb, kb, vb)
+
+    fns["torch SDPA cuDNN"] = sdpa
+    notes = []
+    for name, fn in list(fns.items()):  # a contender that cannot run here is reported, not timed
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"{name}: {_one_line(exc)}")
+            del fns[name]
+    us = host_medians(fns, settings.host_rounds, settings.host_calls, warmup=min(500, settings.host_calls))
+    out: dict[str, Any] = {"problem": "b=1 h=1 s=64 d=64 bf16 bshd no_mask, forward (inference), cached plan",
+                           "rounds": settings.host_rounds, "calls": settings.host_calls, "us": us,
+                           "yardstick": HOST_YARDSTICK, "te_cudnn": HOST_TE, "target_us": HOST_TARGET_US,
+                           "notes": notes}  # fmt: skip
+    if HOST_TE in us and HOST_YARDSTICK in us:
+        out["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
+    try:  # which launch path te_cudnn's cached plan took (informational)
+        plan = next(p for p in tc.plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h and p.key.config.b == b)
+        out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
+    except Exception:  # noqa: BLE001
+        pass
+    log("host us per cached forward: " + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))
+    return out
+
+
+# ---------------------------------------------------------------------------- one case
+def _skip_reason(contender: Contender, case: Case, settings: Settings) -> Optional[str]:
+    if case.only and contender.name not in case.only:
+        return f"this case runs {', '.join(case.only)} only ({case.note})"
+    if settings.quick and not contender.quick:
+        return f"left out of --quick ({contender.quick_why})"
+    if contender.default_cases is not None and case.name not in contender.default_cases and not settings.every_case:
+        return (f"runs on a subset of cases to keep the full run under 9 minutes ({contender.subset_why}): "
+                f"{', '.join(sorted(contender.default_cases))}; --every-case runs it on every case")  # fmt: skip
+    try:
+        return contender.supports(case)
+    except Exception as exc:  # noqa: BLE001 - a rule that fails is a reason too
+        return f"supports() failed: {_one_line(exc)}"
+
+
+def _row(case: Case, contender: Contender, status: str, reason: str = "") -> dict[str, Any]:
+    return {"case": case.name, "contender": contender.name, "status": status, "reason": reason}
+
+
+def _plan_ids() -> set[int]:
+    from ..plans import plan_cache  # noqa: PLC0415
+
+    return {id(p) for p in plan_cache.plans()}
+
+
+def _new_plans(before: set[int]) -> dict[str, Any]:
+    """Build / load milliseconds of the plans te_cudnn added since ``before``."""
+    from ..plans import plan_cache  # noqa: PLC0415
+
+    new = [p for p in plan_cache.plans() if id(p) not in before]
+    built = [p for p in new if p.source != "store"]
+    loaded = [p for p in new if p.source == "store"]
+    desc = []
+    for p in new:
+        direction = getattr(getattr(p.key, "direction", None), "value", "?")
+        tuning = getattr(p, "tuning", None)  # te_cudnn.plans.tune's record, where the plan was tuned
+        tuned = ""
+        if isinstance(tuning, dict):
+            sp = tuning.get("speedup")
+            tuned = ", tuned" + (f" {sp:.3f}x the heuristic plan" if isinstance(sp, (int, float)) else "")
+        desc.append(f"{direction} {p.plan_name} ({'loaded' if p.source == 'store' else 'built'} "
+                    f"{p.build_seconds * 1e3:.0f} ms, ws {p.workspace_size / 2**20:.1f} MiB{tuned})")  # fmt: skip
+    return {"build_ms": sum(p.build_seconds for p in built) * 1e3 if built else 0.0,
+            "load_ms": sum(p.build_seconds for p in loaded) * 1e3 if loaded else 0.0,
+            "plans_built": len(built), "plans_loaded": len(loaded),
+            "plans_tuned": sum(getattr(p, "tuning", None) is not None for p in new), "plans": "; ".join(desc)}  # fmt: skip
+
+
+def _release_te_workspaces() -> int:
+    from ..ops import release_workspaces  # noqa: PLC0415
+
+    return int(release_workspaces())
+
+
+def _prepare(contender: Contender, case: Case, inputs, row: dict[str, Any]):
+    """Prepare, first call, peak memory; fills ``row``; returns the Run."""
+    from .te_contender import TeCudnn  # noqa: PLC0415
+
+    is_te = isinstance(contender, TeCudnn)
+    _release_te_workspaces()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    plans_before = _plan_ids() if is_te else set()
+    t0 = time.perf_counter()
+    run = contender.prepare(case, inputs)
+    r = run.first()
+    torch.cuda.synchronize()
+    row["first_call_ms"] = (time.perf_counter() - t0) * 1e3
+    del r
+    row.update(run.info)
+    row["precision"] = run.precision
+    if is_te:
+        row.update(_new_plans(plans_before))
+    # peak memory of one call (fwd+bwd; decode: fwd) above what the shared inputs hold: this
+    # contender's own state (preallocated outputs, workspaces) plus what the call allocates
+    torch.cuda.reset_peak_memory_stats()
+    r = run.first()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - held
+    row["peak_mib"] = peak / 2**20
+    if is_te:
+        results = tensor_bytes(r)
+        del r
+        ws = _release_te_workspaces()
+        row["workspace_mib"] = ws / 2**20
+        if case.training and run.precision == "bf16":
+            need = inputs.nbytes() + results + ws  # inputs (q, k, v, dO) + outputs (O, stats) + gradients + workspace
+            row["mem_ratio"] = (inputs.nbytes() + peak) / need
+    return run
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ (Frobenius, fp32); inf where ``a`` holds NaN or Inf."""
+    a, b = a.detach().float(), b.detach().float()
+    if a.shape != b.shape:
+        raise ValueError(f"O has shape {tuple(a.shape)}, the reference {tuple(b.shape)}")
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+def _check_output(run, row: dict[str, Any], ref: list) -> None:
+    """Compare the run's O with the case's reference O (the first bf16 contender's, te_cudnn's
+    when it runs): ``rel_err``. The first bf16 contender becomes the reference."""
+    try:
+        out = run.output()
+        torch.cuda.synchronize()
+        if not ref and run.precision == "bf16":
+            ref.append((row["contender"], out.detach().clone()))
+            row["rel_err"] = 0.0
+        elif ref:
+            row["rel_err"] = _rel_err(out, ref[0][1])
+        del out
+    except Exception as exc:  # noqa: BLE001 - a contender whose O cannot be read is still timed
+        _sync_quietly()
+        row["notes"] = _add(row.get("notes"), f"output check failed ({_one_line(exc)})")
+
+
+def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings: Settings) -> None:
+    calls, est, keep = {}, {}, []
+    for name, run in runs.items():
+        try:
+            state = run.before(mode)
+            call = run.call(mode, state)
+            for _ in range(2):
+                call()
+            torch.cuda.synchronize()
+            est[name] = max(event_ms(call), 1e-4)
+            calls[name] = call
+            keep.append(state)
+        except Exception as exc:  # noqa: BLE001
+            _sync_quietly()
+            rows[name]["errors"] = (rows[name].get("errors", "") + f" {mode}: {_one_line(exc)}").strip()
+    reps = {n: max(1, min(settings.max_reps, math.ceil(settings.sample_ms / est[n]))) for n in calls}
+    graphs = {}
+    for n in calls:
+        if not settings.graphs:
+            continue
+        if est[n] > settings.graph_max_ms:
+            rows[n]["notes"] = _add(rows[n].get("notes"), f"{mode}: eager only (calls over {settings.graph_max_ms:.0f} ms)")
+            continue
+        run = runs[n]
+        try:
+            graphs[n] = capture(lambda st, run=run: run.call(mode, st), reps[n], setup=lambda run=run: run.before(mode))
+        except Exception as exc:  # noqa: BLE001 - recorded; the eager time still stands
+            _sync_quietly()
+            rows[n]["notes"] = _add(rows[n].get("notes"), f"{mode}: CUDA-graph capture failed ({_one_line(exc)})")
+    samplers = {}
+    for n in calls:
+        samplers[(n, "eager")] = eager_sampler(calls[n], reps[n])
+        if n in graphs:
+            samplers[(n, "graph")] = graph_sampler(graphs[n][0], reps[n])
+    per_round = sum(est[n] * reps[n] * (2 if n in graphs else 1) for n in calls) or 1.0
+    rounds = max(settings.min_rounds, min(settings.rounds, int(settings.mode_budget_s * 1e3 / per_round)))
+    samples = interleaved(samplers, rounds) if samplers else {}
+    for n in calls:
+        eager, spread_e = summarize(samples[(n, "eager")])
+        row = rows[n]
+        row[f"{mode}_eager_ms"] = eager
+        row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = eager, spread_e
+        if n in graphs:
+            graph, spread_g = summarize(samples[(n, "graph")])
+            row[f"{mode}_graph_ms"] = graph
+            row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = graph, spread_g
+        row["rounds"] = max(row.get("rounds", 0), rounds)
+    del graphs, keep, samplers
+    torch.cuda.synchronize()
+
+
+def _add(notes: Optional[str], note: str) -> str:
+    return f"{notes}; {note}" if notes else note
+
+
+def run_case(case: Case, contenders: list[Contender], settings: Settings, deadline: float,
+             log: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
+    rows: dict[str, dict] = {}
+    eligible = []
+    for c in contenders:
+        why = _skip_reason(c, case, settings)
+        rows[c.name] = _row(case, c, "skipped" if why else "ok", why or "")
+        if not why:
+            eligible.append(c)
+    if not eligible:
+        return list(rows.values())
+    t0 = time.monotonic()
+    inputs = None
+    runs: dict[str, Any] = {}
+    ref: list = []  # [(contender, O)]: the reference output of this case
+    try:
+        inputs = make_inputs(case)
+        # contenders that change shared state (autotuning replaces te_cudnn's cached plans with
+        # tuned ones) are prepared and timed after the others are done
+        for phase in ([c for c in eligible if not c.runs_last], [c for c in eligible if c.runs_last]):
+            for c in phase:
+                row = rows[c.name]
+                if time.monotonic() > deadline:
+                    row.update(status="skipped", reason=f"time budget of {settings.deadline_s:.0f} s used up")
+                    continue
+                try:
+                    runs[c.name] = _prepare(c, case, inputs, row)
+                    _check_output(runs[c.name], row, ref)
+                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                    _sync_quietly()
+                    row.update(status="error", reason=_one_line(exc), traceback=traceback.format_exc(limit=6))
+            for mode in case.modes:
+                _time_mode(mode, runs, rows, settings)
+            runs.clear()
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory making the inputs
+        _sync_quietly()
+        for c in eligible:
+            if rows[c.name]["status"] == "ok" and f"{case.modes[-1]}_ms" not in rows[c.name]:
+                rows[c.name].update(status="error", reason=f"case failed: {_one_line(exc)}")
+    finally:
+        ref.clear()
+        runs.clear()
+        if inputs is not None:
+            inputs.release()
+        del inputs
+        free_memory()
+    for row in rows.values():  # a contender that ran but has no time for any mode failed
+        if row["status"] == "ok" and not any(f"{m}_ms" in row for m in case.modes):
+            row.update(status="error", reason=row.get("errors", "no mode could be timed"))
+    head = "fwd_bwd_ms" if case.training else "fwd_ms"
+    parts = [f"{n} {r[head]:.4g}" for n, r in rows.items() if r["status"] == "ok" and head in r]
+    log(f"{case.name:22} {head[:-3]} ms: " + (" | ".join(parts) or "nothing ran") + f"  ({time.monotonic() - t0:.1f} s)")
+    return list(rows.values())
+
+
+def _sync_quietly() -> None:
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ---------------------------------------------------------------------------- everything
+def run_benchmark(cases: list[Case], contenders: list[Contender], settings: Settings,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """Run ``cases`` x ``contenders``; the results dict :mod:`.report` renders."""
+    start = time.monotonic()
+    deadline = start + settings.deadline_s
+    res: dict[str, Any] = {
+        "schema": SCHEMA,
+        "env": environment(),
+        "settings": {**asdict(settings), "cases": [c.name for c in cases], "contenders": [c.name for c in contenders]},
+        "peaks": {},
+        "host": None,
+        "cases": [c.as_dict() for c in cases],
+        "results": [],
+    }
+    log(f"te_cudnn benchmark on {res['env'].get('gpu')}, driver {res['env'].get('driver')}, cuDNN "
+        f"{res['env'].get('cudnn')}, torch {res['env'].get('torch')}, frontend {res['env'].get('frontend')}")  # fmt: skip
+    if settings.peaks:
+        res["peaks"] = measure_peaks(log)
+    if settings.host:
+        try:
+            res["host"] = host_section(settings, log)
+        except Exception as exc:  # noqa: BLE001
+            _sync_quietly()
+            res["host"] = {"error": _one_line(exc)}
+            log(f"host section failed: {_one_line(exc)}")
+        free_memory()
+    for i, case in enumerate(cases):
+        if time.monotonic() > deadline:
+            res["results"] += [_row(case, c, "skipped", f"time budget of {settings.deadline_s:.0f} s used up")
+                               for c in contenders]  # fmt: skip
+            continue
+        res["results"] += run_case(case, contenders, settings, deadline, log)
+    res["settings"]["wall_s"] = time.monotonic() - start
+    return res

@@ -1,0 +1,191 @@
+"""torch's own attention as contenders: SDPA with each CUDA backend (``sdpa_kernel``, BHSD views
+of the same bshd tensors, ``enable_gqa``; decode reads the same keys and values gathered into a
+dense cache) and FlexAttention (``torch.compile``d once per case; causal, document or no block
+mask; a bias as a ``score_mod``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .cases import Case
+from .contenders import Contender, Run
+from .inputs import Inputs
+
+__all__ = ["TorchSdpa", "SdpaRun", "FlexAttention", "FlexRun", "FLEX_DEFAULT_CASES"]
+
+
+def _sdpa_backends() -> dict[str, Any]:
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+    return {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+
+
+class SdpaRun(Run):
+    def __init__(self, case: Case, inp: Inputs, backend_name: str):
+        super().__init__()
+        from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
+
+        backend = _sdpa_backends()[backend_name]
+        self.ctx = lambda: sdpa_kernel(backend)
+        self.training = case.training
+        self.gqa = case.gqa
+        self.mask, self.causal = None, case.causal
+        if case.is_paged:  # the same keys and values, gathered once into a dense cache
+            self.q = Inputs.bhsd(inp.q)
+            self.k, self.v = inp.dense_kv()
+            self.info["notes"] = "dense KV cache (torch SDPA has no paged KV)"
+            self.causal = False  # every key of the cache is visible to the one new token
+        else:
+            self.q, self.k, self.v = (Inputs.bhsd(t).detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+            self.d_o = Inputs.bhsd(inp.d_o)
+            if inp.bias is not None:  # torch takes a bias as an additive mask; causal folds into it
+                causal = torch.full((case.sq, case.skv), float("-inf"), device=inp.device).triu(1)
+                self.mask = (inp.bias.float() + causal).to(inp.q.dtype)
+                self.causal = False
+                self.info["notes"] = "bias and causal mask as one additive attn_mask (no dBias)"
+
+    def _forward(self):
+        with self.ctx():
+            return torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, attn_mask=self.mask,
+                                                                    is_causal=self.causal, enable_gqa=self.gqa)  # fmt: skip
+
+    def fwd(self):
+        if not self.training:
+            with torch.no_grad():
+                return self._forward()
+        return self._forward()
+
+    def output(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self._forward().permute(0, 2, 1, 3)
+
+    def before(self, mode: str):
+        return self._forward() if mode == "bwd" else None
+
+    def bwd(self, out):
+        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
+
+    def fwd_bwd(self):
+        out = self._forward()
+        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
+
+
+class TorchSdpa(Contender):
+    def __init__(self, backend_name: str):
+        self.backend_name = backend_name
+        self.name = f"torch SDPA {backend_name}"
+        self.key = f"sdpa_{backend_name.lower()}"
+
+    def supports(self, case: Case) -> Optional[str]:
+        if case.is_thd:
+            return "torch SDPA takes no packed variable-length (THD) batch"
+        if case.is_padded:
+            return "a padded batch needs an explicit boolean mask in torch SDPA: not benchmarked"
+        if case.mask not in ("no_mask", "causal", "padding"):
+            return f"mask {case.mask} is not mapped to torch SDPA here"
+        if case.bias != "no_bias" and self.backend_name == "flash":
+            return "the flash backend takes no attn_mask (the case's bias)"
+        return None
+
+    def prepare(self, case: Case, inputs: Inputs) -> Run:
+        return SdpaRun(case, inputs, self.backend_name)
+
+
+class FlexRun(Run):
+    def __init__(self, case: Case, inp: Inputs):
+        super().__init__()
+        import torch._dynamo  # noqa: PLC0415
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
+
+        # a fresh compile per case: dynamo's recompile limit would otherwise send later cases
+        # to flex_attention's eager path, which materializes the whole score matrix
+        torch._dynamo.reset()
+        self.compiled = torch.compile(flex_attention)
+        self.training, self.gqa, self.thd = case.training, case.gqa, case.is_thd
+        self.score_mod, self.block_mask = None, None
+
+        def make_mask(mod, q_len, kv_len):
+            try:
+                return create_block_mask(mod, None, None, q_len, kv_len, device=inp.device, _compile=True)
+            except TypeError:  # a torch without the _compile keyword
+                return create_block_mask(mod, None, None, q_len, kv_len, device=inp.device)
+
+        if case.is_paged:
+            self.q = Inputs.bhsd(inp.q)
+            self.k, self.v = inp.dense_kv()
+            self.info["notes"] = "dense KV cache (no paged KV here)"
+        elif case.is_thd:
+            self.q, self.k, self.v = (inp.thd_as_bhsd(t).detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+            self.d_o = inp.thd_as_bhsd(inp.d_o)
+            doc = inp.doc_ids()
+
+            def document_causal(b, h, q_idx, kv_idx):
+                return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+            self.block_mask = make_mask(document_causal, case.tokens, case.tokens)
+            self.info["notes"] = "document mask over the packed tokens"
+        else:
+            self.q, self.k, self.v = (Inputs.bhsd(t).detach().requires_grad_() for t in (inp.q, inp.k, inp.v))
+            self.d_o = Inputs.bhsd(inp.d_o)
+            if case.causal:
+
+                def causal(b, h, q_idx, kv_idx):
+                    return q_idx >= kv_idx
+
+                self.block_mask = make_mask(causal, case.sq, case.skv)
+            if inp.bias is not None:
+                bias = inp.bias
+
+                def add_bias(score, b, h, q_idx, kv_idx):
+                    return score + bias[0, h, q_idx, kv_idx]
+
+                self.score_mod = add_bias
+                self.info["notes"] = "bias as a score_mod (no dBias)"
+
+    def _forward(self):
+        return self.compiled(self.q, self.k, self.v, score_mod=self.score_mod, block_mask=self.block_mask,
+                             enable_gqa=self.gqa)  # fmt: skip
+
+    def fwd(self):
+        if not self.training:
+            with torch.no_grad():
+                return self._forward()
+        return self._forward()
+
+    def output(self) -> torch.Tensor:
+        out = self.fwd().detach()  # in the timed calls' grad mode: a no_grad call would recompile
+        return out[0].permute(1, 0, 2) if self.thd else out.permute(0, 2, 1, 3)
+
+    def before(self, mode: str):
+        return self._forward() if mode == "bwd" else None
+
+    def bwd(self, out):
+        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
+
+    def fwd_bwd(self):
+        out = self._forward()
+        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
+
+
+#: the cases FlexAttention runs by default (compiling costs 20-40 s per shape; --every-case for every case)
+FLEX_DEFAULT_CASES = frozenset({"test_3", "llama_h32_s8k", "llama_h32_s32k", "thd_mixed_16k", "decode_kv8k"})
+
+
+class FlexAttention(Contender):
+    name, key = "FlexAttention", "flex"
+    quick, quick_why = False, "compiling takes most of a minute per case"
+    default_cases = FLEX_DEFAULT_CASES
+    subset_why = "compiling costs 20-40 s per shape"
+
+    def supports(self, case: Case) -> Optional[str]:
+        if case.is_padded:
+            return "padded batches are left to te_cudnn (FlexAttention runs the packed THD case)"
+        if case.mask not in ("no_mask", "causal", "padding", "padding_causal"):
+            return f"mask {case.mask} is not mapped to a FlexAttention mask here"
+        return None
+
+    def prepare(self, case: Case, inputs: Inputs) -> Run:
+        return FlexRun(case, inputs)

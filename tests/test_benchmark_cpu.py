@@ -1,0 +1,393 @@
+"""The benchmark package (``te-cudnn bench``) on the CPU: the report writers on recorded sample
+results, the cases and their FLOP counts, the contenders' reasons for declining, the command
+line and ``tools/bench.py``'s old options. Timing needs a GPU; nothing here pretends to time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from te_cudnn.benchmark import cli, report
+from te_cudnn.benchmark.cases import QUICK, Case, all_cases, case_by_name, causal_pairs, select_cases, thd_lengths
+from te_cudnn.benchmark.contenders import select_contenders
+from te_cudnn.benchmark.te_contender import autotuning_context
+from te_cudnn.benchmark.torch_contenders import FLEX_DEFAULT_CASES
+from te_cudnn.benchmark.inputs import make_inputs, tensor_bytes
+from te_cudnn.benchmark.runner import Settings, _skip_reason
+from te_cudnn.runtime import HOPPER_CUDNN_919
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = "NVIDIA H100 80GB HBM3 (sm90)"
+
+
+# ----------------------------------------------------------------------------- sample results
+def _ok(case: str, who: str, **times) -> dict:
+    return {"case": case, "contender": who, "status": "ok", "reason": "", "precision": "bf16", **times}
+
+
+@pytest.fixture
+def results() -> dict:
+    """Recorded-style results: two training cases, one decode case, one of each status."""
+    cases = [case_by_name(n).as_dict() for n in ("test_1", "decode_kv8k", "fp8_b2_h32_s8k")]
+    rows = [
+        _ok("test_1", "te_cudnn", fwd_ms=0.1, bwd_ms=0.3, fwd_bwd_ms=0.38, fwd_bwd_eager_ms=0.5, fwd_bwd_graph_ms=0.38,
+            first_call_ms=512.5, build_ms=94.0, load_ms=0.0, plans_built=2, plans_loaded=0, peak_mib=40.0,
+            mem_ratio=1.04, rel_err=0.0, rounds=20, plans="fwd eng2_k24=7 (built 47 ms, ws 0.0 MiB)"),
+        _ok("test_1", "torch SDPA cuDNN", fwd_ms=0.11, bwd_ms=0.3, fwd_bwd_ms=0.4, fwd_bwd_eager_ms=0.55,
+            first_call_ms=700.25, peak_mib=48.5, rel_err=0.0021, rounds=20),
+        {"case": "test_1", "contender": "te_cudnn max512", "status": "skipped",
+         "reason": "F16_max512_seqlen declines: sequence lengths sq=2048, skv=2048 exceed 512"},
+        {"case": "test_1", "contender": "torch SDPA flash", "status": "error", "reason": "RuntimeError: No available kernel"},
+        _ok("decode_kv8k", "te_cudnn", fwd_ms=0.1, fwd_eager_ms=0.12, rounds=20),
+        _ok("decode_kv8k", "torch SDPA cuDNN", fwd_ms=0.125, rounds=20, notes="dense KV cache (torch SDPA has no paged KV)"),
+        _ok("fp8_b2_h32_s8k", "te_cudnn", fwd_ms=2.0, bwd_ms=6.0, fwd_bwd_ms=8.0),
+        {**_ok("fp8_b2_h32_s8k", "te_cudnn fp8", fwd_ms=1.0, bwd_ms=6.0, fwd_bwd_ms=7.0), "precision": "fp8"},
+    ]  # fmt: skip
+    return {
+        "schema": "te_cudnn.benchmark/1",
+        "env": {"gpu": GPU, "driver": "580.159.04", "cuda": "13.0", "cudnn": "9.19.0", "frontend": "1.32.0",
+                "torch": "2.11.0+cu130", "te_cudnn": "0.1.0", "python": "3.12.3", "time": "2026-11-24 12:00:00 UTC"},
+        "settings": {"quick": False, "rounds": 20, "contenders": ["te_cudnn", "te_cudnn fp8", "te_cudnn max512",
+                                                                   "torch SDPA cuDNN", "torch SDPA flash"], "wall_s": 300.0},
+        "peaks": {"matmul_bf16_tflops": 700.0, "matmul_fp8_tflops": 1300.0, "copy_gbps": 3000.0},
+        "host": {"problem": "tiny", "rounds": 15, "calls": 2000, "yardstick": "bare graph.execute (hand-built graph)",
+                 "te_cudnn": "te_cudnn fused_attn_fwd", "target_us": 3.0, "te_minus_yardstick_us": 2.5, "notes": [],
+                 "us": {"te_cudnn fused_attn_fwd": 16.0, "bare graph.execute (hand-built graph)": 13.5,
+                        "torch SDPA cuDNN": 40.0}},
+        "cases": cases,
+        "results": rows,
+    }  # fmt: skip
+
+
+def _row(flat: list[dict], case: str, who: str) -> dict:
+    return next(r for r in flat if r["case"] == case and r["contender"] == who)
+
+
+def test_csv_round_trips(results: dict, tmp_path: Path) -> None:
+    text = report.to_csv(results)
+    assert text.splitlines()[0].split(",") == list(report.CSV_FIELDS)
+    assert report.read_csv(text) == report.flat_rows(results)
+    written = report.write_all(results, str(tmp_path))
+    assert report.read_csv(Path(written["results.csv"]).read_text()) == report.flat_rows(results)
+    assert {"results.json", "results.csv", "table.md"} <= set(written)
+
+
+def test_derived_values(results: dict) -> None:
+    flat = report.flat_rows(results)
+    te, ref = _row(flat, "test_1", "te_cudnn"), _row(flat, "test_1", "torch SDPA cuDNN")
+    assert te["ratio_vs_sdpa_cudnn"] == pytest.approx(0.38 / 0.4)
+    assert ref["ratio_vs_sdpa_cudnn"] == pytest.approx(1.0)
+    f, b = case_by_name("test_1").flops()
+    assert te["fwd_tflops"] == pytest.approx(f / 0.1e-3 / 1e12)
+    assert te["fwd_bwd_tflops"] == pytest.approx((f + b) / 0.38e-3 / 1e12)
+    assert te["pct_of_peak"] == pytest.approx(te["fwd_bwd_tflops"] / 700.0 * 100)
+    fp8 = _row(flat, "fp8_b2_h32_s8k", "te_cudnn fp8")  # FP8 rows against the FP8 matmul peak
+    assert fp8["pct_of_peak"] == pytest.approx(fp8["fwd_bwd_tflops"] / 1300.0 * 100)
+    dec = _row(flat, "decode_kv8k", "te_cudnn")
+    kv = case_by_name("decode_kv8k").kv_bytes()
+    assert dec["kv_gbps"] == pytest.approx(kv / 0.1e-3 / 1e9)
+    assert dec["pct_of_copy_bw"] == pytest.approx(dec["kv_gbps"] / 3000.0 * 100)
+    assert dec["ratio_vs_sdpa_cudnn"] == pytest.approx(0.8)  # decode is judged by its forward
+    assert dec["fwd_bwd_tflops"] is None
+    assert _row(flat, "test_1", "te_cudnn max512")["ratio_vs_sdpa_cudnn"] is None
+
+
+def test_markdown_table(results: dict) -> None:
+    md = report.to_markdown(results)
+    assert GPU in md and "580.159.04" in md and "9.19.0" in md and "2.11.0+cu130" in md and "1.32.0" in md
+    # the headline grid: time and ratio to torch SDPA cuDNN; skipped "—", failed "error"
+    line = next(l for l in md.splitlines() if l.startswith("| test_1 |") and "×" in l)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    header = next(l for l in md.splitlines() if l.startswith("| case |") and "te_cudnn" in l)
+    names = [c.strip() for c in header.strip("|").split("|")]
+    col = dict(zip(names, cells))
+    assert col["te_cudnn"] == "0.38 (0.95×)"
+    assert col["torch SDPA cuDNN"] == "0.4 (1.00×)"
+    assert col["torch SDPA flash"] == "error"
+    assert "te_cudnn max512" not in col or col["te_cudnn max512"] == "—"
+    assert "exceed 512" in md  # skipped with its reason
+    assert "No available kernel" in md
+    assert "+2.50 µs (target ≤ +3 µs: met)" in md
+    assert "FP8 vs bf16" in md and "2×" in md  # fwd speed-up 2.0 / 1.0
+    assert "- torch SDPA cuDNN on decode_kv8k: dense KV cache (torch SDPA has no paged KV)" in md
+
+
+def test_summary(results: dict) -> None:
+    text = report.to_summary(results)
+    assert GPU in text and "580.159.04" in text and "0.38 (0.95×)" in text and "target ≤ +3 µs: met" in text
+    assert "1 contender runs failed" in text
+
+
+def test_json_has_environment_header(results: dict, tmp_path: Path) -> None:
+    data = json.loads(report.to_json(results))
+    for key in ("gpu", "driver", "cudnn", "torch", "frontend", "cuda"):
+        assert data["env"][key]
+    written = report.write_all(results, str(tmp_path))
+    assert json.loads(Path(written["results.json"]).read_text())["env"]["gpu"] == GPU
+
+
+def test_chart_png(results: dict, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "chart.png"
+    assert report.write_chart(results, str(path)) is None
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_without_matplotlib_the_rest_is_written(results: dict, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    written = report.write_all(results, str(tmp_path))
+    assert "matplotlib" in written["chart"] and not (tmp_path / "chart.png").exists()
+    assert (tmp_path / "table.md").read_text().startswith("# te_cudnn benchmark")
+
+
+# ----------------------------------------------------------------------------- cases
+def test_case_names_unique_and_quick_subset() -> None:
+    names = [c.name for c in all_cases()]
+    assert len(names) == len(set(names))
+    quick = select_cases(quick=True)
+    assert quick and [c.name for c in quick] == [n for n in names if n in QUICK]
+    default = select_cases()
+    assert {c.group for c in default} == {"te", "llama", "thd", "decode", "fp8", "memory"}
+    assert [c.name for c in select_cases("decode_kv8k,te")] == ["test_0", "test_1", "test_2", "test_3", "decode_kv8k"]
+    assert select_cases("none") == []
+    assert len(select_cases("all")) == len(names)
+    with pytest.raises(ValueError, match="unknown case or group 'nope'"):
+        select_cases("nope")
+
+
+def test_te_cases_follow_testing_configs() -> None:
+    from te_cudnn.testing import BENCHMARK_CONFIGS
+
+    for name, cfg in BENCHMARK_CONFIGS.items():
+        c = case_by_name(name)
+        assert (c.b, c.h, c.hg, c.d, c.sq, c.skv, c.mask, c.bias) == (cfg.b, cfg.h, cfg.hg, cfg.d, cfg.sq, cfg.skv,
+                                                                     cfg.mask, cfg.bias)  # fmt: skip
+
+
+def test_shapes_of_the_groups() -> None:
+    for c in select_cases("llama"):
+        assert (c.d, c.hg, c.mask, c.layout) == (128, 8, "causal", "bshd_bshd_bshd")
+        assert 16384 <= c.tokens <= 32768
+    thd = case_by_name("thd_mixed_16k")
+    assert sum(thd.lengths) == thd.tokens == 16384 and thd.lengths == thd_lengths() and len(set(thd.lengths)) > 1
+    for c in select_cases("decode"):
+        assert (c.sq, c.b, c.h, c.hg, c.training) == (1, 8, 32, 8, False) and c.is_paged and c.modes == ("fwd",)
+    mem = case_by_name("mem_h32_s64k")
+    assert (mem.b, mem.h, mem.hg, mem.d, mem.sq, mem.mask) == (1, 32, 8, 128, 65536, "causal")
+
+
+def _brute_pairs(lq: int, lkv: int, bottom_right: bool) -> int:
+    shift = lkv - lq if bottom_right else 0
+    return sum(1 for i in range(lq) for j in range(lkv) if j <= i + shift)
+
+
+@pytest.mark.parametrize("lq,lkv", [(1, 1), (5, 5), (3, 8), (8, 3), (1, 7), (7, 1)])
+@pytest.mark.parametrize("br", [False, True])
+def test_causal_pairs_exact(lq: int, lkv: int, br: bool) -> None:
+    assert causal_pairs(lq, lkv, br) == _brute_pairs(lq, lkv, br)
+
+
+def test_flops_causal_vs_no_mask() -> None:
+    s, b, h, d = 2048, 2, 16, 128
+    full = Case("full", "x", b, h, h, d, s, s, "no_mask")
+    causal = Case("causal", "x", b, h, h, d, s, s, "causal")
+    assert full.unmasked_pairs() == b * s * s
+    assert causal.unmasked_pairs() == b * s * (s + 1) // 2  # the diagonal counts
+    f_full, b_full = full.flops()
+    f_causal, b_causal = causal.flops()
+    assert f_full == 4 * b * h * s * s * d and b_full == 2.5 * f_full
+    assert f_causal / f_full == pytest.approx(0.5, rel=1e-3) and f_causal > f_full / 2
+    thd = case_by_name("thd_mixed_16k")  # per sequence, not over the padded square
+    assert thd.unmasked_pairs() == sum(n * (n + 1) // 2 for n in thd.lengths)
+    dec = case_by_name("decode_kv8k")
+    assert dec.unmasked_pairs() == 8 * 8192
+    assert dec.kv_bytes() == 2 * 8 * 8192 * 8 * 128 * 2  # K and V, bf16
+
+
+# ----------------------------------------------------------------------------- contenders
+def _by_key(key: str):
+    return select_contenders(key, env=HOPPER_CUDNN_919)[0]
+
+
+def test_max512_declines_long_sequences_with_a_reason() -> None:
+    max512 = _by_key("te_cudnn_max512")
+    why = max512.supports(case_by_name("test_3"))
+    assert why and "F16_max512_seqlen" in why and "exceed 512" in why
+    assert max512.supports(case_by_name("test_0")) is None  # s=512, d=64, MHA
+    assert _by_key("te_cudnn").supports(case_by_name("test_3")) is None
+
+
+def test_contender_reasons() -> None:
+    assert "FP8 cases only" in _by_key("te_cudnn_fp8").supports(case_by_name("test_1"))
+    assert _by_key("te_cudnn_fp8").supports(case_by_name("fp8_b2_h32_s8k")) is None
+    assert "THD" in _by_key("sdpa_cudnn").supports(case_by_name("thd_mixed_16k"))
+    assert "no attn_mask" in _by_key("sdpa_flash").supports(case_by_name("test_2"))
+    assert "dense training" in _by_key("hand_built").supports(case_by_name("decode_kv8k"))
+    assert _by_key("te_cudnn").supports(case_by_name("decode_kv8k")) is None  # paged, described on the meta device
+    assert _by_key("te_cudnn").supports(case_by_name("thd_mixed_16k")) is None
+    tuned = _by_key("te_cudnn_autotuned").supports(case_by_name("test_1"))
+    if autotuning_context() is None:
+        assert tuned == "autotuning not available (te_cudnn.plans.tune is not in this build)"
+    else:
+        assert tuned is None
+
+
+def test_runner_skip_reasons() -> None:
+    full, quick = Settings.for_run(False), Settings.for_run(True)
+    flex, te = _by_key("flex"), _by_key("te_cudnn")
+    assert "--quick" in _skip_reason(flex, case_by_name("test_3"), quick)
+    assert "test_3" in FLEX_DEFAULT_CASES and _skip_reason(flex, case_by_name("test_3"), full) is None
+    assert "--every-case" in _skip_reason(flex, case_by_name("test_0"), full)
+    assert _skip_reason(flex, case_by_name("test_0"), Settings.for_run(False, every_case=True)) is None
+    tuned = _by_key("te_cudnn_autotuned")
+    assert tuned.runs_last and not te.runs_last  # tuning replaces the plans the others use: it runs last
+    assert "--quick" in _skip_reason(tuned, case_by_name("test_3"), quick)
+    assert "--every-case" in _skip_reason(tuned, case_by_name("llama_h64_s32k"), full)
+    assert "runs te_cudnn, torch SDPA cuDNN only" in _skip_reason(_by_key("sdpa_flash"), case_by_name("mem_h32_s64k"), full)
+    assert _skip_reason(te, case_by_name("mem_h32_s64k"), full) is None
+
+
+@pytest.mark.parametrize("name", ["test_2", "test_3", "decode_kv4k"])
+def test_hand_built_graphs_validate(name: str) -> None:
+    """The hand-built yardstick graphs (forward, and backward for training) pass the frontend's
+    validation for the case's shapes and strides (defined without a handle: no GPU)."""
+    from te_cudnn.benchmark.handbuilt import HandGraphs
+    from te_cudnn.benchmark.inputs import Inputs
+
+    c = case_by_name(name)
+    q = torch.empty(c.b, c.sq, c.h, c.d, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(c.b, c.skv, c.hg, c.d, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(*c.bias_shape, dtype=torch.bfloat16, device="meta") if c.bias_shape else None
+    g = HandGraphs(Inputs.bhsd(q), Inputs.bhsd(k), Inputs.bhsd(k), training=c.training, causal=c.causal, bias=bias,
+                   d_o=Inputs.bhsd(q), build=False)  # fmt: skip
+    g.gf.validate()
+    assert (g.gb is not None) == c.training
+    if g.gb is not None:
+        g.gb.validate()
+    assert g.o.shape == (c.b, c.h, c.sq, c.d) and g.o.permute(0, 2, 1, 3).is_contiguous()  # O in bshd memory
+
+
+@pytest.mark.parametrize("name,backend,fp8", [("test_2", "F16_arbitrary_seqlen", False), ("thd_mixed_16k", None, False),
+                                              ("fp8_b2_h32_s8k", "FP8", True), ("decode_kv8k", "F16_arbitrary_seqlen", False),
+                                              ("test_0", "F16_max512_seqlen", False)])  # fmt: skip
+def test_te_cudnn_calls_pass_validation(name: str, backend, fp8: bool) -> None:
+    """The contender's fused_attn_fwd / fused_attn_bwd arguments (layouts, lengths, page tables,
+    bias, FP8 scales) pass te_cudnn's checks: on the CPU the calls get as far as the device check."""
+    import dataclasses
+
+    from te_cudnn.benchmark.te_contender import TeCudnnRun
+
+    c = case_by_name(name)
+    if not c.lengths and not c.is_paged:  # smaller, same kind
+        c = dataclasses.replace(c, sq=min(c.sq, 256), skv=min(c.skv, 256))
+    inp = make_inputs(c, device="cpu")
+    run = TeCudnnRun(c, inp, backend, fp8, None)
+    with pytest.raises(ValueError, match="executes on CUDA devices"):
+        run.fwd()
+    if c.training:
+        stats = torch.zeros(c.tokens, c.h, 1) if c.is_thd else torch.zeros(c.b, c.h, c.sq, 1)
+        aux = [stats, torch.zeros(2, dtype=torch.int64)] + ([inp.bias] if inp.bias is not None else [])
+        with pytest.raises(ValueError, match="executes on CUDA devices"):
+            run.bwd((run.q, aux))
+
+
+def test_select_contenders() -> None:
+    assert [c.key for c in select_contenders("sdpa")] == ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
+    assert [c.key for c in select_contenders("flex,te_cudnn")] == ["te_cudnn", "flex"]  # column order kept
+    assert [c.name for c in select_contenders("torch SDPA cuDNN")] == ["torch SDPA cuDNN"]
+    with pytest.raises(ValueError, match="unknown contender 'nope'"):
+        select_contenders("nope")
+
+
+def test_inputs_on_cpu_are_shared_views() -> None:
+    case = Case("tiny_decode", "decode", 2, 4, 2, 32, 1, 200, "padding", layout="paged_kv_bshd_bshd_bshd",
+                training=False, page_size=64)  # fmt: skip
+    inp = make_inputs(case, device="cpu")
+    assert inp.k.shape == (2 * 4, 64, 2, 32) and inp.page_table_k.dtype == torch.int32
+    k, _ = inp.dense_kv()
+    assert k.shape == (2, 2, 200, 32)
+    for b, pos in ((0, 0), (1, 130), (1, 199)):
+        page = int(inp.page_table_k[b, pos // 64])
+        assert torch.equal(inp.k[page, pos % 64], k[b, :, pos])
+    assert inp.cu_seqlens_kv.tolist() == [0, 200, 400]
+    dense = make_inputs(case_by_name("test_0"), device="cpu")
+    assert Inputs_bhsd_is_view(dense.q)
+    assert tensor_bytes([dense.q, dense.q[0], None]) == dense.q.numel() * 2
+
+
+def Inputs_bhsd_is_view(t: torch.Tensor) -> bool:
+    from te_cudnn.benchmark.inputs import Inputs
+
+    v = Inputs.bhsd(t)
+    return v.data_ptr() == t.data_ptr() and v.shape == (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
+
+
+# ----------------------------------------------------------------------------- command line
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+def test_help_works_without_a_gpu() -> None:
+    p = _run("-m", "te_cudnn.benchmark", "--help")
+    assert p.returncode == 0, p.stderr
+    assert "--quick" in p.stdout and "--out DIR" in p.stdout and "case groups" in p.stdout
+
+
+def test_list_works_without_a_gpu(capsys) -> None:
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "llama_h64_s32k" in out and "sdpa_efficient" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_no_cuda_exits_non_zero_with_one_line() -> None:
+    p = _run("-m", "te_cudnn.benchmark", "--quick")
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("te-cudnn bench: needs a CUDA GPU"), p.stderr
+
+
+def test_bad_arguments_exit_2(capsys) -> None:
+    assert cli.main(["--cases", "nope"]) == 2
+    assert "unknown case or group" in capsys.readouterr().err
+    assert cli.main(["--contenders", "nope"]) == 2
+
+
+def test_register_adds_bench_subcommand() -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true")
+    like_te_cudnn = argparse.ArgumentParser(add_help=False)  # te_cudnn.cli's common parent: a --json flag too
+    like_te_cudnn.add_argument("--json", action="store_true")
+    like_te_cudnn.add_argument("--debug", action="store_true")
+    for parents in ((), (common,), (like_te_cudnn,)):
+        p = argparse.ArgumentParser(prog="te-cudnn")
+        sub = p.add_subparsers(dest="command", required=True)
+        cli.register(sub, parents=parents)
+        args = p.parse_args(["bench", "--quick", "--cases", "test_1", "--out", "d"])
+        assert args.func is cli.run_from_args and args.quick and args.cases == "test_1" and args.out == "d"
+        assert args.debug is False
+
+
+def test_tools_bench_keeps_its_options() -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import bench  # tools/bench.py
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    assert bench.translate(["--only", "max512", "--iters", "30"]) == [
+        "--cases", "max512", "--contenders", "te_cudnn,te_cudnn_max512,hand_built", "--rounds", "30"]  # fmt: skip
+    assert bench.translate(["--only", "host", "--json", "x.json"]) == ["--cases", "none", "--json", "x.json"]
+    assert bench.translate(["--only", "dense", "--configs", "test_3"])[:2] == ["--cases", "test_3"]
+    assert bench.translate(["--quick", "--out", "d"]) == ["--quick", "--out", "d"]
+    assert bench.translate(["--json", "b.json"]) == ["--quick", "--json", "b.json"]  # tools/run_gpu_suite.sh
+    assert bench.translate(["--full"]) == []
+    assert callable(bench.host_medians)  # tools/bench_ops.py imports it from here
