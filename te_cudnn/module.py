@@ -140,6 +140,8 @@ class DotProductAttention(torch.nn.Module):
         deterministic: Optional[bool] = None,
         fp8_meta: Optional[Fp8AttentionMeta] = None,
         softmax_type: str = "vanilla",
+        cp_group: Any = None,
+        cp_comm_type: str = "p2p",
     ) -> None:
         super().__init__()
         for name, value, optional in (("num_attention_heads", num_attention_heads, False),
@@ -179,6 +181,25 @@ class DotProductAttention(torch.nn.Module):
         else:
             self.softmax_offset = None  # off_by_one: te_cudnn passes zeros
         self._options: dict[tuple, AttnOptions] = {}
+        self.set_context_parallel_group(cp_group, cp_comm_type=cp_comm_type)
+
+    def set_context_parallel_group(self, cp_group: Any, cp_global_ranks: Any = None, cp_stream: Any = None,
+                                   cp_comm_type: str = "p2p") -> None:  # fmt: skip
+        """Split attention's sequence over ``cp_group`` (TransformerEngine's method and argument
+        names; ``cp_global_ranks`` and ``cp_stream`` are accepted and not needed: peers come from
+        the group, and NCCL overlaps the exchanges with compute on its own stream). ``None`` or
+        a group of one rank turns context parallelism off. Inputs are then each rank's share of
+        the sequence (:func:`te_cudnn.parallel.shard`); see
+        :func:`te_cudnn.parallel.context_parallel_attention` for what each ``cp_comm_type`` serves."""
+        self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a"))
+        self.cp_group = None
+        if cp_group is not None:
+            import torch.distributed as dist  # noqa: PLC0415
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size(cp_group) > 1:
+                self.cp_group = cp_group
+            elif not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError("cp_group needs an initialised torch.distributed process group")
 
     def extra_repr(self) -> str:
         return (f"num_attention_heads={self.num_attention_heads}, num_gqa_groups={self.num_gqa_groups}, "
@@ -187,6 +208,14 @@ class DotProductAttention(torch.nn.Module):
                 f"window_size={self.window_size}, attention_dropout={self.attention_dropout}, "
                 f"softmax_scale={self.softmax_scale:.6g}"
                 + (f", softmax_type={self.softmax_type!r}" if self.softmax_type != "vanilla" else ""))  # fmt: skip
+
+    def _sink_offset(self) -> Optional[torch.Tensor]:
+        """The learnable sink logits as TE's fp32 [1, h, 1, 1] (a view; a cast if the model was cast)."""
+        offset = self.softmax_offset
+        if offset is None:
+            return None
+        offset = offset.view(1, -1, 1, 1)
+        return offset if offset.dtype == torch.float32 else offset.float()
 
     def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
         """The call's options, remembered per combination in eager mode (a dataclass costs a few
@@ -312,6 +341,18 @@ class DotProductAttention(torch.nn.Module):
             layout = get_qkv_layout(q, k, v, "thd")
         dropout = self.attention_dropout if self.training else 0.0
         meta = _check_fp8_meta(fp8_meta) if fp8_meta is not None else self.fp8_meta
+        if self.cp_group is not None:
+            from .parallel import context_parallel_attention  # noqa: PLC0415
+
+            out = context_parallel_attention(
+                q, k, v, self.cp_group, self.cp_comm_type, qkv_format=fmt, attn_mask_type=mask,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+                cu_seqlens_kv_padded=cu_seqlens_kv_padded, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+                attn_scale=self.softmax_scale, dropout=dropout, deterministic=self.deterministic, window_size=window,
+                attn_bias=bias, attn_bias_type=bias_type, softmax_type=self.softmax_type,
+                softmax_offset=self._sink_offset(), fp8_meta=meta, is_training=self.training or torch.is_grad_enabled(),
+            )  # fmt: skip
+            return out.view(*out.shape[:-2], out.shape[-2] * out.shape[-1])
         if meta is not None:
             if dropout or bias is not None or bias_type != "no_bias" or window != _window(None, mask):
                 raise ValueError("FP8 attention (fp8_meta) takes no dropout, bias or sliding window; set "
@@ -331,11 +372,6 @@ class DotProductAttention(torch.nn.Module):
         else:
             opts = self._opts(layout, mask, bias_type, window, dropout)
             is_training = self.training or torch.is_grad_enabled()  # stats for a backward whenever one can follow
-            offset = self.softmax_offset
-            if offset is not None:  # [h] -> TE's fp32 [1, h, 1, 1] (a view; a cast if the model was cast)
-                offset = offset.view(1, -1, 1, 1)
-                if offset.dtype != torch.float32:
-                    offset = offset.float()
             out = attend(q, k, v, bias, cu_seqlens_q, cu_seqlens_kv, max_sq, max_skv, is_training, None, opts,
-                         cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_offset=offset)  # fmt: skip
+                         cu_seqlens_q_padded, cu_seqlens_kv_padded, softmax_offset=self._sink_offset())  # fmt: skip
         return out.view(*out.shape[:-2], out.shape[-2] * out.shape[-1])

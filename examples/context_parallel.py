@@ -1,0 +1,162 @@
+"""Context-parallel attention benchmark: time, memory and error per rank.
+
+    torchrun --nproc-per-node 2 examples/context_parallel.py --seqlens 32768 65536 131072
+
+Each rank holds its dual-chunk share of one causal bf16 sequence (b=1, h=32, hg=8, d=128 by
+default) and runs ``te_cudnn.parallel.context_parallel_attention`` forward+backward for each
+``--comm`` type; rank 0 also runs the whole sequence on its own GPU (``--single``, where it
+fits). Prints per rank the median fwd+bwd time (CUDA events, after warm-up), the peak memory,
+and the output's error against the single-GPU run; ``--fit`` estimates the longest sequence that
+fits from the measured peak memory per token. ``--json`` writes everything (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Run under torchrun; --help needs no GPU.")
+    p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536, 131072], help="global sequence lengths S")
+    p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a"], help="cp_comm_type(s)")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--iters", type=int, default=5, help="timed iterations (after 2 warm-up ones)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the single-GPU comparison")
+    p.add_argument("--fit", action="store_true", help="estimate the longest causal S that fits (from peak memory)")
+    p.add_argument("--json", help="write the results here (rank 0)")
+    return p.parse_args(argv)
+
+
+def _time(fn, iters: int) -> float:
+    import torch
+
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _peak(fn) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def _inputs(args, s: int, device):
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(s)
+    mk = lambda n, d: torch.randn(args.batch, s, n, d, generator=g).to(device, torch.bfloat16)  # noqa: E731
+    return mk(args.heads, args.dim), mk(args.kv_heads, args.dim), mk(args.kv_heads, args.dim), mk(args.heads, args.dim)
+
+
+def _fwd_bwd(attn, q, k, v, d_out):
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = attn(*leaves)
+    out.backward(d_out)
+    return out.detach()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    import te_cudnn
+    from te_cudnn.parallel import context_parallel_attention, shard, unshard
+
+    dist.init_process_group("nccl")
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    device = torch.device("cuda")
+    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")  # noqa: E731
+    rows, per_token = [], {}
+    for s in args.seqlens:
+        q, k, v, d_out = _inputs(args, s, device)
+        local = [shard(x, cp, rank, "bshd") for x in (q, k, v, d_out)]
+        ref = None
+        if args.single and rank == 0:
+            try:
+                ms, peak = _time(lambda: _fwd_bwd(single, q, k, v, d_out), args.iters), _peak(lambda: _fwd_bwd(single, q, k, v, d_out))
+                ref = _fwd_bwd(single, q, k, v, d_out)
+                rows.append(dict(S=s, mode="single", rank=0, ms=ms, peak_gib=peak / 2**30))
+                per_token.setdefault("single", []).append((s, peak))
+            except torch.OutOfMemoryError:
+                rows.append(dict(S=s, mode="single", rank=0, ms=None, peak_gib=None, note="out of memory"))
+            torch.cuda.empty_cache()
+        for comm in args.comm:
+            attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, dist.group.WORLD, comm)  # noqa: E731
+            ms = _time(lambda: _fwd_bwd(attn, *local[:3], local[3]), args.iters)
+            peak = _peak(lambda: _fwd_bwd(attn, *local[:3], local[3]))
+            out = _fwd_bwd(attn, *local[:3], local[3])
+            parts = [torch.empty_like(out) for _ in range(cp)]
+            dist.all_gather(parts, out)
+            err = None
+            if ref is not None:
+                full = unshard(parts, "bshd")
+                err = float((full.double() - ref.double()).norm() / ref.double().norm())
+            stats = [None] * cp
+            dist.all_gather_object(stats, dict(ms=ms, peak=peak))
+            for r, st in enumerate(stats):
+                rows.append(dict(S=s, mode=comm, rank=r, ms=st["ms"], peak_gib=st["peak"] / 2**30,
+                                 rel_err_vs_single=err if r == 0 else None))  # fmt: skip
+            per_token.setdefault(comm, []).append((s, max(st["peak"] for st in stats)))
+        del q, k, v, d_out, local, ref
+        torch.cuda.empty_cache()
+    if rank == 0:
+        _report(args, rows, per_token, cp)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _report(args, rows, per_token, cp) -> None:
+    import torch
+
+    single = {r["S"]: r["ms"] for r in rows if r["mode"] == "single" and r["ms"]}
+    print(f"{torch.cuda.get_device_name()} x{cp}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    print(f"{'S':>7} {'mode':>6} {'rank':>4} {'fwd+bwd ms':>11} {'peak GiB':>9} {'speed-up':>8} {'err vs 1 GPU':>12}")
+    for r in rows:
+        ms = "-" if r["ms"] is None else f"{r['ms']:.2f}"
+        up = f"{single[r['S']] / r['ms']:.2f}x" if r["mode"] != "single" and r["S"] in single else ""
+        err = "" if r.get("rel_err_vs_single") is None else f"{r['rel_err_vs_single']:.2e}"
+        peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
+        print(f"{r['S']:>7} {r['mode']:>6} {r['rank']:>4} {ms:>11} {peak:>9} {up:>8} {err:>12}")
+    fits = {}
+    if args.fit:
+        total = torch.cuda.get_device_properties(0).total_memory
+        for mode, points in per_token.items():
+            if len(points) >= 2:
+                (s0, p0), (s1, p1) = points[0], points[-1]
+                slope = (p1 - p0) / (s1 - s0)
+                fits[mode] = int((total - (p0 - slope * s0)) / slope)
+                print(f"longest causal S that fits ({mode}, from peak memory {slope / 1024:.1f} KiB/token): ~{fits[mode]:,}")
+        if "single" in fits:
+            for mode in args.comm:
+                if mode in fits:
+                    print(f"  {mode}: {fits[mode] / fits['single']:.2f}x the single-GPU length")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), cp=cp, rows=rows, fits=fits, args=vars(args)), f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

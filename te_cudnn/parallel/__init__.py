@@ -1,0 +1,37 @@
+"""Context parallelism: one attention over a sequence split across the ranks of a
+``torch.distributed`` process group (NCCL).
+
+* :func:`context_parallel_attention` — ring (``"p2p"``) or all-to-all (``"a2a"``, Ulysses)
+  attention with autograd; :func:`simulate_context_parallel` runs the same code for virtual
+  ranks in one process.
+* :mod:`~te_cudnn.parallel.partition` — the dual-chunk split of a batch (dense or THD) into
+  each rank's part, and the gather back (:func:`shard`, :func:`unshard`, ...).
+* :mod:`~te_cudnn.parallel.schedule` — which tile each ring step computes (pure functions).
+
+Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses`` -> ``api``.
+"""
+
+from .api import CpOptions, context_parallel_attention, cp_decline_reasons, simulate_context_parallel
+from .partition import (
+    dual_chunks,
+    gather_sequence,
+    gather_thd,
+    pad_cu_seqlens,
+    pad_thd,
+    seq_dim,
+    shard,
+    split_sequence,
+    split_thd,
+    thd_local_cu_seqlens,
+    thd_partition_index,
+    thd_valid_lengths,
+    unpad_thd,
+    unshard,
+)
+
+__all__ = [
+    "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons", "CpOptions",
+    "shard", "unshard", "split_sequence", "gather_sequence", "pad_cu_seqlens", "pad_thd", "unpad_thd",
+    "split_thd", "gather_thd", "thd_partition_index", "thd_valid_lengths", "thd_local_cu_seqlens", "dual_chunks",
+    "seq_dim",
+]  # fmt: skip

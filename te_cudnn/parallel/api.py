@@ -1,0 +1,298 @@
+"""``context_parallel_attention``: one attention over a sequence split across the ranks of a
+``torch.distributed`` process group, and its single-process simulation.
+
+Checks come first: an unsupported combination raises :class:`~te_cudnn.UnsupportedConfigError`
+with the reasons before any rank communicates, so every rank fails the same way instead of
+hanging in a collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ..autograd import AttnOptions, _readable_grad, attend, attend_fp8
+from ..errors import UnsupportedConfigError
+from .ring import DenseTiles, RingSpec, ThdTiles, backward_program, draw_rng_states, forward_program
+from .transport import AllToAll, group_info, run_on_group, run_simulated
+from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
+
+__all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons"]
+
+_COMM_TYPES = ("p2p", "a2a")
+_DENSE_MASKS = ("no_mask", "causal")
+_THD_MASKS = {"padding": "padding", "padding_causal": "padding_causal", "no_mask": "padding", "causal": "padding_causal"}
+
+
+@dataclass(frozen=True)
+class CpOptions:
+    """Everything but the tensors of a context-parallel call (validated by :func:`_options`)."""
+
+    comm: str
+    fmt: str
+    mask: str
+    attn_scale: Optional[float]
+    dropout: float
+    deterministic: bool
+    window: tuple[int, int]
+    bias_type: str
+    softmax_type: str
+    fp8: bool
+
+    @property
+    def causal(self) -> bool:
+        return "causal" in self.mask
+
+    @property
+    def layout(self) -> str:
+        return f"{self.fmt}_{self.fmt}_{self.fmt}"
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size, attn_bias,
+             attn_bias_type, softmax_type, fp8_meta, training: bool) -> CpOptions:  # fmt: skip
+    comm = _choice("cp_comm_type", cp_comm_type, _COMM_TYPES)
+    fmt = _choice("qkv_format", qkv_format, ("bshd", "sbhd", "thd"))
+    if not isinstance(attn_mask_type, str):
+        raise TypeError(f"attn_mask_type must be a str, got {attn_mask_type!r}")
+    mask = _THD_MASKS.get(attn_mask_type, attn_mask_type) if fmt == "thd" else attn_mask_type
+    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    bias_type = attn_bias_type or ("no_bias" if attn_bias is None else "post_scale_bias")
+    window = (-1, 0 if "causal" in mask else -1) if window_size is None else tuple(window_size)
+    return CpOptions(comm, fmt, mask, attn_scale, float(dropout) if training else 0.0, bool(deterministic), window,
+                     bias_type, softmax_type, fp8_meta is not None)  # fmt: skip
+
+
+def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[str]:
+    """Why a context-parallel call cannot run (empty: it can). Reads shapes only (no sync)."""
+    why = []
+    masks = tuple(_THD_MASKS.values()) if o.fmt == "thd" else _DENSE_MASKS
+    if o.mask not in masks:
+        why.append(f"attn_mask_type={o.mask!r} with qkv_format={o.fmt!r}: context parallelism serves "
+                   f"{', '.join(masks)} (bottom-right masks and user masks are not split across ranks)")  # fmt: skip
+    if not o.fp8 and q.dtype not in (torch.float16, torch.bfloat16):
+        why.append(f"q is {q.dtype}: context parallelism runs float16/bfloat16 attention (FP8 through fp8_meta)")
+    dims = 3 if o.fmt == "thd" else 4
+    if q.dim() != dims or k.dim() != dims or v.dim() != dims:
+        why.append(f"qkv_format={o.fmt!r} takes {dims}-d q, k, v; got {q.dim()}, {k.dim()}, {v.dim()} dims")
+        return why
+    seq = 0 if o.fmt in ("sbhd", "thd") else 1
+    if o.fmt != "thd":
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[seq] % 2:
+                why.append(f"{name} holds {t.shape[seq]} tokens per rank: each rank holds two equal chunks "
+                           f"(the global length must be divisible by 2 * cp = {2 * cp})")  # fmt: skip
+        if o.causal and q.shape[seq] != k.shape[seq]:
+            why.append(f"causal attention needs as many queries as keys per rank, got {q.shape[seq]} and {k.shape[seq]}")
+    if o.comm == "p2p":
+        why += _p2p_reasons(o)
+    elif q.shape[-2] % cp or k.shape[-2] % cp:
+        why.append(f"a2a splits heads over the ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by "
+                   f"cp={cp} (use cp_comm_type='p2p')")  # fmt: skip
+    return why
+
+
+def _p2p_reasons(o: CpOptions) -> list[str]:
+    why = []
+    if o.bias_type != "no_bias":
+        why.append(f"p2p: attn_bias_type={o.bias_type!r} is not split along the ring (use cp_comm_type='a2a')")
+    if o.window not in ((-1, -1), (-1, 0)):
+        why.append(f"p2p: window_size={o.window} (sliding windows) is not supported (use cp_comm_type='a2a')")
+    if o.softmax_type != "vanilla":
+        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) is not supported (use cp_comm_type='a2a')")
+    if o.fp8:
+        why.append("p2p: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+    return why
+
+
+@dataclass(frozen=True)
+class _RingJob:
+    specs: tuple[RingSpec, ...]
+    tiles: tuple[Any, ...]
+    rng_states: tuple[Optional[torch.Tensor], ...]
+    run: Callable[[list], list]
+
+
+class _RingAttn(torch.autograd.Function):
+    """The ring over the listed ranks (one on a process group, all ``cp`` in a simulation):
+    ``_RingAttn.apply(job, *qs, *ks, *vs) -> outs``."""
+
+    @staticmethod
+    def forward(ctx, job: _RingJob, *tensors: torch.Tensor):
+        n = len(job.specs)
+        qs, ks, vs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        results = job.run([forward_program(*a) for a in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states)])
+        outs = tuple(acc.to(q.dtype) for (acc, *_), q in zip(results, qs))
+        ctx.job, ctx.aux = job, [r[1:] for r in results]  # (lse, rng states, last key/value packet) per rank
+        ctx.save_for_backward(*qs, *ks, *vs, *outs)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *d_outs: Optional[torch.Tensor]):
+        job, n, saved = ctx.job, len(ctx.job.specs), ctx.saved_tensors
+        qs, ks, vs, outs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n], saved[3 * n :]
+        d_outs = [torch.zeros_like(o) if d is None else _readable_grad(d) for d, o in zip(d_outs, outs)]
+        programs = [backward_program(s, t, q, k, v, o, d, *aux)
+                    for s, t, q, k, v, o, d, aux in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, ctx.aux)]  # fmt: skip
+        grads = job.run(programs)
+        dqs = [g[0].to(q.dtype) for g, q in zip(grads, qs)]
+        dks = [g[1].to(k.dtype) for g, k in zip(grads, ks)]
+        dvs = [g[2].to(v.dtype) for g, v in zip(grads, vs)]
+        return (None, *dqs, *dks, *dvs)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One context-parallel call, for the ranks ``ranks`` of a group of size ``cp``."""
+
+    o: CpOptions
+    cp: int
+    ranks: tuple[int, ...]
+    cu: tuple[Optional[torch.Tensor], ...]  # cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
+    max_seqlen: tuple[Optional[int], Optional[int]]
+    rng_gen: Optional[torch.Generator]
+
+    def ring(self, qs, ks, vs, run: Callable[[list], list]) -> list[torch.Tensor]:
+        o = self.o
+        specs = tuple(RingSpec(self.cp, r, o.fmt, o.causal, o.attn_scale, o.dropout, o.deterministic) for r in self.ranks)
+        tiles = tuple(self._tiles(s, q, k) for s, q, k in zip(specs, qs, ks))
+        rngs = tuple(draw_rng_states(s, q.device, self.rng_gen) if o.dropout else None for s, q in zip(specs, qs))
+        return list(_RingAttn.apply(_RingJob(specs, tiles, rngs, run), *qs, *ks, *vs))
+
+    def _tiles(self, spec: RingSpec, q: torch.Tensor, k: torch.Tensor):
+        if spec.fmt != "thd":
+            dim = 1 if spec.fmt == "bshd" else 0
+            return DenseTiles(spec, q.shape[dim], k.shape[dim])
+        max_q, max_kv = (m if m is not None else t.shape[0] * self.cp for m, t in zip(self.max_seqlen, (q, k)))
+        return ThdTiles.build(spec, q, k, *self.cu, max_q, max_kv)
+
+    def ulysses(self, qs, ks, vs, exchange, shared: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]],
+                attn_bias, softmax_offset, fp8_meta) -> list[torch.Tensor]:  # fmt: skip
+        o, cp = self.o, self.cp
+        h = qs[0].shape[-2]
+        bias, offset = shared(attn_bias), shared(softmax_offset)
+        opts = AttnOptions(qkv_layout=o.layout, attn_mask_type=o.mask, attn_bias_type=o.bias_type,
+                           attn_scale=o.attn_scale, dropout=o.dropout, window_size=o.window,
+                           deterministic=o.deterministic, softmax_type=o.softmax_type)  # fmt: skip
+        cu_q, cu_kv, pad_q, pad_kv = self.cu
+        seq = 0 if o.fmt in ("sbhd", "thd") else 1
+        max_q, max_kv = (m if m is not None else t.shape[seq] * cp for m, t in zip(self.max_seqlen, (qs[0], ks[0])))
+
+        def attn(rank: int, q, k, v) -> torch.Tensor:
+            if fp8_meta is not None:
+                return attend_fp8(q, k, v, fp8_meta, cu_q, cu_kv, max_q, max_kv, replace(opts, attn_bias_type="no_bias"))
+            return attend(q, k, v, head_slice(bias, 1, cp, rank, h), cu_q, cu_kv, max_q, max_kv, True, self.rng_gen,
+                          opts, pad_q, pad_kv, softmax_offset=head_slice(offset, 1, cp, rank, h))  # fmt: skip
+
+        return a2a_attention(attn, self.ranks, qs, ks, vs, cp, o.fmt, (pad_q, pad_kv), exchange)
+
+
+def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple) -> None:
+    why = cp_decline_reasons(opts, cp, q, k, v)
+    if opts.fmt == "thd" and (cu[0] is None or cu[2] is None):
+        why.append("qkv_format='thd' needs the global cu_seqlens_q and cu_seqlens_q_padded (every padded length a "
+                   "multiple of 2 * cp; te_cudnn.parallel.pad_cu_seqlens makes them)")  # fmt: skip
+    if why:
+        raise UnsupportedConfigError(f"context-parallel attention (cp={cp}, cp_comm_type={opts.comm!r}, "
+                                     f"qkv_format={opts.fmt!r}, attn_mask_type={opts.mask!r})",
+                                     {f"cp_comm_type={opts.comm!r}": why})  # fmt: skip
+
+
+def _cu_tuple(fmt: str, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded) -> tuple:
+    if fmt != "thd":
+        return (None, None, None, None)
+    cu_kv = cu_seqlens_q if cu_seqlens_kv is None else cu_seqlens_kv
+    pad_kv = cu_seqlens_q_padded if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+    return (cu_seqlens_q, cu_kv, cu_seqlens_q_padded, pad_kv)
+
+
+def _setup(q, k, v, cp: int, ranks: tuple[int, ...], cp_comm_type: str = "p2p", *, qkv_format: str = "bshd",
+           attn_mask_type: str = "causal", cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
+           cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_scale=None, dropout=0.0,
+           deterministic=False, window_size=None, attn_bias=None, attn_bias_type=None, softmax_type="vanilla",
+           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None) -> tuple[_Call, tuple]:  # fmt: skip
+    """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors."""
+    training = torch.is_grad_enabled() if is_training is None else bool(is_training)
+    opts = _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size,
+                    attn_bias, attn_bias_type, softmax_type, fp8_meta, training)  # fmt: skip
+    cu = _cu_tuple(opts.fmt, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv))
+    return _Call(opts, cp, ranks, cu, (max_seqlen_q, max_seqlen_kv), rng_gen), (attn_bias, softmax_offset, fp8_meta)
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp_group: Any,
+                               cp_comm_type: str = "p2p", **options: Any) -> torch.Tensor:  # fmt: skip
+    """Attention of this rank's queries over a sequence split across ``cp_group`` (differentiable).
+
+    Every rank passes its *local* tokens, in TransformerEngine's dual-chunk order: with the
+    global sequence cut into ``2 * cp`` chunks, rank ``r`` holds chunks ``r`` and
+    ``2 * cp - 1 - r`` (:func:`te_cudnn.parallel.shard` makes them, :func:`~te_cudnn.parallel.unshard`
+    gathers results). Shapes: ``bshd`` ``[b, S / cp, h, d]``, ``sbhd`` ``[S / cp, b, h, d]``,
+    ``thd`` ``[T_padded / cp, h, d]``; k and v have ``hg`` heads (GQA/MQA) and may have their own
+    head dims. Returns this rank's output ``[..., h, d_v]`` in q's format: the rows of full
+    attention over the gathered sequence (causal: top-left, over global positions).
+
+    ``cp_comm_type="p2p"`` (ring): key/value blocks circulate (``batch_isend_irecv`` on NCCL's
+    stream, overlapped with each step's attention), outputs merge by their log-sum-exp in fp32;
+    the backward sends key/value blocks with their fp32 gradients the other way. Masks
+    ``no_mask``/``causal`` (``padding``/``padding_causal`` for THD), MHA/GQA, ``d_qk != d_v``,
+    dropout (a fresh Philox state per step and rank, replayed by the backward), ``deterministic``.
+    ``"a2a"`` (Ulysses): all-to-all to whole sequences of ``h / cp`` heads, one local te_cudnn
+    attention with all its features (``attn_bias`` ``[1|b, 1|h, S, S]`` over global positions,
+    ``window_size``, ``softmax_type``/``softmax_offset``, ``fp8_meta``), all-to-all back; ``h``
+    and ``hg`` must be divisible by ``cp``. Gradients of the bias and sink logits are summed
+    over the group, so every rank holds the full gradient.
+
+    Keyword options: ``qkv_format`` (``"bshd"``, ``"sbhd"``, ``"thd"``), ``attn_mask_type``
+    (default ``"causal"``), ``cu_seqlens_q/kv``, ``cu_seqlens_q/kv_padded``,
+    ``max_seqlen_q/kv``, ``attn_scale``, ``dropout``, ``deterministic``, ``window_size``,
+    ``attn_bias`` (+ ``attn_bias_type``), ``softmax_type``, ``softmax_offset``, ``fp8_meta``,
+    ``rng_gen``, ``is_training`` (default: grad mode). THD: ``cu_seqlens_q/kv`` are the *global*
+    valid lengths and ``cu_seqlens_q/kv_padded`` the global offsets with every sequence padded
+    to a multiple of ``2 * cp`` (:func:`~te_cudnn.parallel.pad_cu_seqlens`); ``max_seqlen_q/kv``
+    the global maxima (default: bounded by the token count). Padded rows of the output and of
+    the gradients are zero.
+
+    Raises ``ValueError``/``TypeError`` for malformed arguments and
+    :class:`~te_cudnn.UnsupportedConfigError` (with the reasons) before any communication.
+    """
+    cp, rank = group_info(cp_group)
+    call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), cp_comm_type, **options)
+    if call.o.comm == "p2p":
+        return call.ring([q], [k], [v], lambda programs: [run_on_group(programs[0], cp_group)])[0]
+
+    def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return SumGradOverGroup.apply(t, cp_group) if t is not None and t.requires_grad else t
+
+    def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [AllToAll.apply(sends[0], cp_group)]
+
+    return call.ulysses([q], [k], [v], exchange, shared, bias, offset, fp8_meta)[0]
+
+
+def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence[torch.Tensor],
+                              v_parts: Sequence[torch.Tensor], cp_comm_type: str = "p2p",
+                              **options: Any) -> list[torch.Tensor]:  # fmt: skip
+    """:func:`context_parallel_attention` of ``cp = len(q_parts)`` virtual ranks in one process
+    (no process group, no NCCL): part ``r`` is rank ``r``'s local tensor, and so is result ``r``.
+    The ring runs the same per-rank programs in lockstep and its exchanges become copies; the
+    all-to-all becomes stacking. Differentiable. Same keyword options. For tests, and for
+    trying a configuration on one GPU."""
+    if not (len(q_parts) == len(k_parts) == len(v_parts)) or not q_parts:
+        raise ValueError(f"q_parts, k_parts, v_parts must list the same number (>= 1) of ranks, got "
+                         f"{len(q_parts)}, {len(k_parts)}, {len(v_parts)}")  # fmt: skip
+    cp = len(q_parts)
+    call, (bias, offset, fp8_meta) = _setup(q_parts[0], k_parts[0], v_parts[0], cp, tuple(range(cp)), cp_comm_type,
+                                            **options)  # fmt: skip
+    qs, ks, vs = list(q_parts), list(k_parts), list(v_parts)
+    if call.o.comm == "p2p":
+        return call.ring(qs, ks, vs, run_simulated)
+    return call.ulysses(qs, ks, vs, simulated_exchange, lambda t: t, bias, offset, fp8_meta)

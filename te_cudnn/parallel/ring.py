@@ -1,0 +1,303 @@
+"""Ring ("p2p") context parallelism: every rank keeps its queries and passes key/value blocks
+around the ring, attending to one block per step through te_cudnn's fused F16 kernels.
+
+Forward (rank ``r``, steps ``i = 0 .. cp-1``): post the exchange of the next block, attend the
+local queries to the block held now (the section of :mod:`~te_cudnn.parallel.schedule`), merge
+the step's output and log-sum-exp into fp32 accumulators (``lse = logaddexp(lse, lse_i)``,
+``O += w_i (O_i - O)`` with ``w_i = exp(lse_i - lse)``; rows nothing reached yet stay at
+``-inf`` and zero, never NaN), then wait for the block. Backward: the ordinary fused backward of
+each block against the *global* O and lse is that block's exact share of the gradient; the
+key/value gradient travels with its block (zero-initialised at the first rank that sees it,
+added to at every hop, kept in fp32) and arrives complete at its owner after ``cp`` steps. The
+last forward block is the first backward block, so the backward starts without communication.
+
+THD batches (packed, each sequence padded to a multiple of ``2 cp``) keep the tensors whole:
+half-sequence sections are described to cuDNN by per-sequence valid lengths and token offsets
+(the second half of every sequence starts ``k_i`` tokens later), so no step copies a tensor.
+Dense halves are strided views. Nothing here synchronises the host with the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ..ops import fused_attn_bwd, fused_attn_fwd
+from .partition import thd_valid_lengths
+from .schedule import Section, bwd_origin, fwd_origin, fwd_step_of, section
+from .transport import Post, Wait
+
+__all__ = ["RingSpec", "DenseTiles", "ThdTiles", "forward_program", "backward_program", "draw_rng_states"]
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """One rank's view of a ring attention call (everything but the tensors)."""
+
+    cp: int
+    rank: int
+    fmt: str  # "bshd" | "sbhd" | "thd"
+    causal: bool
+    attn_scale: Optional[float] = None
+    dropout: float = 0.0
+    deterministic: bool = False
+
+    @property
+    def layout(self) -> str:
+        return f"{self.fmt}_{self.fmt}_{self.fmt}"
+
+
+def _lse_rows(lse: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The fp32 stats ([b, h, s, 1]; THD [t, h, 1]) as a view broadcastable to O's rows."""
+    if fmt == "bshd":
+        return lse.transpose(1, 2)
+    if fmt == "sbhd":
+        return lse.permute(2, 0, 1, 3)
+    return lse
+
+
+def _merge(acc_o: torch.Tensor, acc_lse: torch.Tensor, o_i: torch.Tensor, lse_i: torch.Tensor, fmt: str) -> None:
+    """Fold one step's (O_i, lse_i) into the accumulators, in place (all four alike in rows)."""
+    new = torch.logaddexp(acc_lse, lse_i)  # (-inf, -inf) -> -inf
+    weight = torch.exp(lse_i - new).nan_to_num_(0.0)  # -inf - -inf: no key seen on either side
+    acc_lse.copy_(new)
+    acc_o.lerp_(o_i.float(), _lse_rows(weight, fmt))
+
+
+class DenseTiles:
+    """Sections of bshd/sbhd tensors: halves are strided views along the sequence dim."""
+
+    def __init__(self, spec: RingSpec, s_q: int, s_kv: int):
+        self.spec = spec
+        self.dim = 1 if spec.fmt == "bshd" else 0
+        self.half_q, self.half_kv = s_q // 2, s_kv // 2
+
+    def _q(self, t: torch.Tensor, sect: Section) -> torch.Tensor:
+        return t.narrow(self.dim, self.half_q, self.half_q) if sect.q_half else t
+
+    def _kv(self, t: torch.Tensor, sect: Section) -> torch.Tensor:
+        return t.narrow(self.dim, 0, self.half_kv) if sect.kv_half else t
+
+    def _lse(self, lse: torch.Tensor, sect: Section) -> torch.Tensor:
+        return lse.narrow(2, self.half_q, self.half_q) if sect.q_half else lse
+
+    def _options(self, sect: Section) -> dict[str, Any]:
+        s = self.spec
+        mask = "causal" if sect.causal else "no_mask"
+        return dict(attn_scale=s.attn_scale, dropout=s.dropout, qkv_layout=s.layout, attn_mask_type=mask)
+
+    def forward(self, sect: Section, origin: int, q, k, v, rng_state) -> tuple[torch.Tensor, ...]:
+        qq, kk, vv = self._q(q, sect), self._kv(k, sect), self._kv(v, sect)
+        out, aux = fused_attn_fwd(True, qq.shape[self.dim], kk.shape[self.dim], None, None, qq, kk, vv, q.dtype,
+                                  rng_state=rng_state, **self._options(sect))  # fmt: skip
+        return out, aux[0], aux[1]
+
+    def merge(self, acc_o, acc_lse, sect: Section, origin: int, o_i, lse_i) -> None:
+        _merge(self._q(acc_o, sect), self._lse(acc_lse, sect), o_i, lse_i, self.spec.fmt)
+
+    def first(self, sect: Section, origin: int, o_i, lse_i) -> tuple[torch.Tensor, torch.Tensor]:
+        return o_i.float(), lse_i  # step 0 covers every row (diagonal or full)
+
+    def backward(self, sect: Section, origin: int, q, k, v, o, d_o, lse, rng_state) -> list[torch.Tensor]:
+        qq, oo, dd = self._q(q, sect), self._q(o, sect), self._q(d_o, sect)
+        kk, vv = self._kv(k, sect), self._kv(v, sect)
+        stats = self._lse(lse, sect).contiguous()  # a copy of [b, h, s/2, 1] for the upper section only
+        dq, dk, dv, _, _ = fused_attn_bwd(
+            qq.shape[self.dim], kk.shape[self.dim], None, None, qq, kk, vv, oo, dd, q.dtype, [stats, rng_state],
+            deterministic=self.spec.deterministic, **self._options(sect),
+        )  # fmt: skip
+        return [dq, dk, dv]
+
+    def add_grads(self, sect: Section, dq_acc, dk_acc, dv_acc, dq, dk, dv) -> None:
+        self._q(dq_acc, sect).add_(dq)
+        self._kv(dk_acc, sect).add_(dk)
+        self._kv(dv_acc, sect).add_(dv)
+
+
+def _cu(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+class _ThdSide:
+    """Per-sequence chunk geometry of one side (queries or keys/values) of a THD batch."""
+
+    def __init__(self, cp: int, cu: torch.Tensor, cu_padded: torch.Tensor, tokens: int):
+        self.cp, self.cu_seqlens, self.cu_padded = cp, cu, cu_padded
+        self.lens = cu[1:] - cu[:-1]
+        self.chunk = (cu_padded[1:] - cu_padded[:-1]) // (2 * cp)  # k_i
+        self.offsets = cu_padded // cp  # rank-local padded offsets
+        self.offsets_second = torch.cat((self.offsets[:-1] + self.chunk, self.offsets[-1:]))
+        rows = torch.arange(tokens, dtype=torch.int32, device=cu.device)
+        self.seq = torch.searchsorted(self.offsets[1:], rows, right=True).clamp_(max=self.lens.shape[0] - 1)
+        self.pos = rows - self.offsets[self.seq]  # position inside the rank-local sequence
+        self._memo: dict[tuple, torch.Tensor] = {}
+
+    def valid(self, rank: int, first: bool = True, second: bool = True) -> torch.Tensor:
+        """Valid token counts of ``rank``'s chunks of every sequence (a prefix of each)."""
+        key = (rank, first, second)
+        if key not in self._memo:
+            self._memo[key] = thd_valid_lengths(self.cu_seqlens, self.cu_padded, self.cp, rank, first, second)
+        return self._memo[key]
+
+    def cu(self, rank: int, first: bool = True, second: bool = True) -> torch.Tensor:
+        key = ("cu", rank, first, second)
+        if key not in self._memo:
+            self._memo[key] = _cu(self.valid(rank, first, second))
+        return self._memo[key]
+
+
+class ThdTiles:
+    """Sections of THD tensors: whole tensors, halves chosen by lengths and token offsets."""
+
+    def __init__(self, spec: RingSpec, q_side: _ThdSide, kv_side: _ThdSide, max_q: int, max_kv: int):
+        self.spec, self.qs, self.kvs = spec, q_side, kv_side
+        self.max_q, self.max_kv = max_q, max_kv  # rank-local (two chunks) maxima
+
+    @classmethod
+    def build(cls, spec: RingSpec, q: torch.Tensor, k: torch.Tensor, cu_q, cu_kv, cu_q_padded, cu_kv_padded,
+              max_seqlen_q: int, max_seqlen_kv: int) -> "ThdTiles":  # fmt: skip
+        local = lambda n: -(-n // (2 * spec.cp)) * 2  # noqa: E731 - a padded global length, per rank
+        q_side = _ThdSide(spec.cp, cu_q, cu_q_padded, q.shape[0])
+        kv_side = q_side if cu_kv is cu_q and cu_kv_padded is cu_q_padded and k.shape[0] == q.shape[0] else (
+            _ThdSide(spec.cp, cu_kv, cu_kv_padded, k.shape[0]))  # fmt: skip
+        return cls(spec, q_side, kv_side, local(max_seqlen_q), local(max_seqlen_kv))
+
+    def _args(self, sect: Section, origin: int) -> tuple:
+        r, qs, kvs = self.spec.rank, self.qs, self.kvs
+        if sect.q_half:
+            q = (self.max_q // 2, qs.cu(r, first=False), qs.offsets_second)
+        else:
+            q = (self.max_q, qs.cu(r), qs.offsets)
+        kv = (self.max_kv // 2, kvs.cu(origin, second=False)) if sect.kv_half else (self.max_kv, kvs.cu(origin))
+        return q[0], kv[0], q[1], kv[1], q[2], kvs.offsets
+
+    def _options(self, sect: Section) -> dict[str, Any]:
+        s = self.spec
+        mask = "padding_causal" if sect.causal else "padding"
+        return dict(attn_scale=s.attn_scale, dropout=s.dropout, qkv_layout=s.layout, attn_mask_type=mask)
+
+    def rows(self, sect: Section, origin: int) -> torch.Tensor:
+        """[t, 1, 1] bool: query rows this section gives a defined result (valid, and at least one key)."""
+        qs, r = self.qs, self.spec.rank
+        if sect.q_half:
+            start = qs.chunk[qs.seq]
+            rows = (qs.pos >= start) & (qs.pos < start + qs.valid(r, first=False)[qs.seq])
+        else:
+            rows = qs.pos < qs.valid(r)[qs.seq]
+        keys = self.kvs.valid(origin, second=not sect.kv_half)
+        return (rows & (keys[qs.seq] > 0)).view(-1, 1, 1)
+
+    def forward(self, sect: Section, origin: int, q, k, v, rng_state) -> tuple[torch.Tensor, ...]:
+        max_q, max_kv, cu_q, cu_kv, off_q, off_kv = self._args(sect, origin)
+        out, aux = fused_attn_fwd(True, max_q, max_kv, cu_q, cu_kv, q, k, v, q.dtype, cu_seqlens_q_padded=off_q,
+                                  cu_seqlens_kv_padded=off_kv, rng_state=rng_state, **self._options(sect))  # fmt: skip
+        return out, aux[0], aux[1]
+
+    def _masked(self, sect: Section, origin: int, o_i, lse_i) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.rows(sect, origin)
+        return torch.where(rows, o_i, 0), torch.where(rows, lse_i, float("-inf"))
+
+    def first(self, sect: Section, origin: int, o_i, lse_i) -> tuple[torch.Tensor, torch.Tensor]:
+        o, lse = self._masked(sect, origin, o_i, lse_i)
+        return o.float(), lse
+
+    def merge(self, acc_o, acc_lse, sect: Section, origin: int, o_i, lse_i) -> None:
+        _merge(acc_o, acc_lse, *self._masked(sect, origin, o_i, lse_i), "thd")
+
+    def backward(self, sect: Section, origin: int, q, k, v, o, d_o, lse, rng_state) -> list[torch.Tensor]:
+        max_q, max_kv, cu_q, cu_kv, off_q, off_kv = self._args(sect, origin)
+        dq, dk, dv, _, _ = fused_attn_bwd(
+            max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, q.dtype, [lse, rng_state], cu_seqlens_q_padded=off_q,
+            cu_seqlens_kv_padded=off_kv, deterministic=self.spec.deterministic, **self._options(sect),
+        )  # fmt: skip
+        return [dq, dk, dv]  # zero outside the section's valid rows
+
+    def add_grads(self, sect: Section, dq_acc, dk_acc, dv_acc, dq, dk, dv) -> None:
+        dq_acc.add_(dq)
+        dk_acc.add_(dk)
+        dv_acc.add_(dv)
+
+
+def draw_rng_states(spec: RingSpec, device: torch.device, gen: Optional[torch.Generator] = None) -> torch.Tensor:
+    """[cp, 2] int64 Philox (seed, offset) per forward step, drawn on the device (no host sync).
+    Ranks draw the same numbers from equal generators, so the rank is added to the seeds: the
+    tiles of different ranks get independent dropout masks."""
+    states = torch.randint(0, 1 << 62, (spec.cp, 2), dtype=torch.int64, device=device, generator=gen)
+    states[:, 0] += spec.rank
+    return states
+
+
+def _packet(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """k and v copied into one flat buffer (one message per step; works for d_qk != d_v)."""
+    buf = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
+    buf[: k.numel()].view(k.shape).copy_(k)
+    buf[k.numel() :].view(v.shape).copy_(v)
+    return buf
+
+
+def _unpack(buf: torch.Tensor, k_shape: torch.Size, v_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    nk = k_shape.numel()
+    return buf[:nk].view(k_shape), buf[nk:].view(v_shape)
+
+
+def forward_program(spec: RingSpec, tiles, q, k, v, rng_states: Optional[torch.Tensor]):
+    """One rank's forward (a generator for a transport driver). Returns (O in fp32, lse,
+    per-step rng states, the last key/value packet held)."""
+    cp, r = spec.cp, spec.rank
+    packet = _packet(k, v) if cp > 1 else None
+    block = (k, v)  # step 0 attends to the rank's own block as given (no copy)
+    acc_o = acc_lse = None
+    rngs: list[torch.Tensor] = []
+    for i in range(cp):
+        handle = None
+        if i < cp - 1:
+            incoming = torch.empty_like(packet)
+            handle = yield Post((packet,), (incoming,), forward=True)
+        origin = fwd_origin(cp, r, i)
+        sect = section(r, origin, spec.causal)
+        o_i, lse_i, rng_i = tiles.forward(sect, origin, q, *block, None if rng_states is None else rng_states[i])
+        rngs.append(rng_i)
+        if acc_o is None:
+            acc_o, acc_lse = tiles.first(sect, origin, o_i, lse_i)
+        else:
+            tiles.merge(acc_o, acc_lse, sect, origin, o_i, lse_i)
+        if i < cp - 1:
+            yield Wait(handle)
+            packet = incoming
+            block = _unpack(packet, k.shape, v.shape)
+    return acc_o, acc_lse, rngs, packet
+
+
+def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
+    """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's).
+    Returns fp32 (dq, dk, dv) of the rank's own tokens."""
+    cp, r = spec.cp, spec.rank
+    block = (k, v) if cp == 1 else _unpack(packet, k.shape, v.shape)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dkv = outgoing = None
+    for i in range(cp):
+        origin = bwd_origin(cp, r, i)
+        sends, recvs = [], []
+        if i < cp - 1:
+            nxt = torch.empty_like(packet)
+            sends.append(packet), recvs.append(nxt)
+        if i > 0:
+            dkv = torch.empty_like(outgoing)
+            sends.append(outgoing), recvs.append(dkv)
+        handle = (yield Post(tuple(sends), tuple(recvs), forward=False)) if sends else None
+        sect = section(r, origin, spec.causal)
+        rng = rngs[fwd_step_of(cp, r, origin)]
+        grads = tiles.backward(sect, origin, q, *block, o, d_o, lse, rng)
+        if sends:
+            yield Wait(handle)
+        if i == 0:
+            dkv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=k.device)
+        tiles.add_grads(sect, dq_acc, *_unpack(dkv, k.shape, v.shape), *grads)
+        outgoing = dkv
+        if i < cp - 1:
+            packet = nxt
+            block = _unpack(packet, k.shape, v.shape)
+    dk, dv = _unpack(dkv, k.shape, v.shape)
+    return dq_acc, dk, dv

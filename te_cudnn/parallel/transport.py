@@ -1,0 +1,131 @@
+"""How ranks exchange tensors: torch.distributed (NCCL) for real groups, a lockstep simulation
+of ``cp`` virtual ranks in one process for tests and single-GPU experiments.
+
+The ring algorithms (:mod:`te_cudnn.parallel.ring`) are written once, as per-rank generators
+that yield :class:`Post` (start sending these tensors to one neighbour and receiving those
+from the other) and :class:`Wait` (the received tensors are needed now). A driver runs them:
+
+* :func:`run_on_group` runs one rank's generator over a process group: ``Post`` becomes one
+  ``torch.distributed.batch_isend_irecv`` (NCCL runs it on its own stream, overlapped with the
+  attention the generator launches next), ``Wait`` makes the current stream wait for it (no
+  host synchronisation);
+* :func:`run_simulated` runs all ranks' generators in lockstep: at each ``Post`` the received
+  tensors are copied from the sending virtual rank. The same code, schedule and buffers as on
+  NCCL, testable on one GPU.
+
+All-to-all (Ulysses) goes through :class:`AllToAll`, a differentiable ``all_to_all_single``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator, Optional, Sequence
+
+import torch
+
+__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "group_info", "AllToAll", "all_to_all"]
+
+
+@dataclass
+class Post:
+    """Send ``sends`` to the next rank and receive ``recvs`` from the previous one
+    (``forward=True``: to ``r + 1``, from ``r - 1``; ``False``: the other way round)."""
+
+    sends: tuple[torch.Tensor, ...]
+    recvs: tuple[torch.Tensor, ...]
+    forward: bool
+
+
+@dataclass
+class Wait:
+    handle: Any
+
+
+RankProgram = Generator[Any, Any, Any]
+
+
+def group_info(group: Any) -> tuple[int, int]:
+    """(size, rank) of a torch.distributed process group."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("cp_group needs an initialised torch.distributed process group "
+                           "(torch.distributed.init_process_group('nccl'))")  # fmt: skip
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def run_on_group(program: RankProgram, group: Any) -> Any:
+    """Run one rank's program over ``group``; returns what the program returns."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    size, rank = group_info(group)
+    nxt = dist.get_global_rank(group, (rank + 1) % size)
+    prev = dist.get_global_rank(group, (rank - 1) % size)
+    reply = None
+    while True:
+        try:
+            msg = program.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(msg, Post):
+            to, frm = (nxt, prev) if msg.forward else (prev, nxt)
+            ops = [dist.P2POp(dist.isend, t, to, group) for t in msg.sends]
+            ops += [dist.P2POp(dist.irecv, t, frm, group) for t in msg.recvs]
+            reply = dist.batch_isend_irecv(ops)
+        else:
+            for work in msg.handle:
+                work.wait()  # NCCL: the current stream waits, the host does not
+            reply = None
+
+
+def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
+    """Run the programs of virtual ranks ``0 .. cp-1`` in lockstep; returns their results."""
+    cp = len(programs)
+    replies: list[Any] = [None] * cp
+    results: list[Any] = [None] * cp
+    while True:
+        msgs, finished = [], 0
+        for r, program in enumerate(programs):
+            try:
+                msgs.append(program.send(replies[r]))
+            except StopIteration as done:
+                results[r] = done.value
+                msgs.append(None)
+                finished += 1
+        if finished == cp:
+            return results
+        if finished or len({type(m) for m in msgs}) != 1:
+            raise RuntimeError(f"simulated ring out of step: {[type(m).__name__ for m in msgs]}")
+        if isinstance(msgs[0], Post):
+            for r, msg in enumerate(msgs):
+                src = msgs[(r - 1) % cp] if msg.forward else msgs[(r + 1) % cp]
+                if len(src.sends) != len(msg.recvs):
+                    raise RuntimeError("simulated ring: a rank receives a different number of tensors than its "
+                                       "neighbour sends")  # fmt: skip
+                for recv, send in zip(msg.recvs, src.sends):
+                    recv.copy_(send)
+        replies = [None] * cp
+
+
+def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` is ``[cp, ...]``: slice ``i`` goes to rank ``i``; returns ``[cp, ...]`` whose slice
+    ``i`` came from rank ``i``."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """Differentiable :func:`all_to_all` (its gradient is the all-to-all of the gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return all_to_all(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], None]:
+        return all_to_all(grad, ctx.group), None

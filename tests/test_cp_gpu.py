@@ -1,0 +1,112 @@
+"""Context parallelism on one GPU: cp virtual ranks in one process run the real per-rank ring
+programs and cuDNN kernels (exchanges become copies), against the fp64 reference of the full
+attention and te_cudnn's single-GPU result. Block-wise forward with the log-sum-exp merge and
+block-wise backward are exactly what the simulated ring runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _cp_cases import check, make_case, reference, single_gpu
+from te_cudnn.parallel import shard, simulate_context_parallel, unshard
+
+pytestmark = pytest.mark.gpu
+
+HEADS = {"mha": (8, 8, 64, 64), "gqa": (8, 2, 128, 128), "mla": (8, 8, 128, 64)}
+
+
+def _run(case, cp: int, comm: str, **options) -> list[torch.Tensor]:
+    """Shard, run the simulated CP attention forward and backward, gather: out, dq, dk, dv."""
+    pad = case.cu_padded
+    parts = [[shard(x, cp, r, case.fmt, pad).requires_grad_() for r in range(cp)] for x in (case.q, case.k, case.v)]
+    outs = simulate_context_parallel(*parts, comm, **case.options(), **options)
+    torch.autograd.backward(outs, [shard(case.d_out, cp, r, case.fmt, pad) for r in range(cp)])
+    return [unshard([o.detach() for o in outs], case.fmt, pad)] + [unshard([p.grad for p in ps], case.fmt, pad)
+                                                                    for ps in parts]  # fmt: skip
+
+
+_RING = [(cp, "bshd", "causal", "gqa") for cp in (2, 3, 4, 8)] + [
+    (2, "sbhd", "causal", "mha"), (4, "sbhd", "no_mask", "gqa"), (2, "bshd", "no_mask", "mla"),
+    (3, "bshd", "causal", "mla"), (8, "sbhd", "causal", "mha"), (4, "bshd", "causal", "mha"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads", _RING, ids=[f"cp{c}-{f}-{m}-{h}" for c, f, m, h in _RING])
+def test_ring_dense(cp, fmt, mask, heads):
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=cp * 10 + len(heads))
+    errors = check(f"p2p cp={cp}", _run(case, cp, "p2p"), single_gpu(case), reference(case), case)
+    print(f"p2p cp={cp} {fmt} {mask} {heads}: " + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))
+
+
+_THD = [(cp, mask, heads) for cp in (2, 3, 4, 8) for mask, heads in (("padding_causal", "gqa"), ("padding", "mha"))]
+
+
+@pytest.mark.parametrize("cp,mask,heads", _THD, ids=[f"cp{c}-{m}-{h}" for c, m, h in _THD])
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_thd(cp, mask, heads, comm):
+    h, hg, d_qk, d_v = HEADS[heads]
+    if comm == "a2a" and (h % cp or hg % cp):
+        pytest.skip(f"a2a needs heads divisible by cp (h={h}, hg={hg}, cp={cp})")
+    case = make_case("thd", mask, cp, 6, 160, h, hg, d_qk, d_v, seed=100 + cp)
+    errors = check(f"{comm} thd cp={cp}", _run(case, cp, comm), single_gpu(case), reference(case), case)
+    print(f"{comm} thd cp={cp} {mask}: " + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))
+
+
+@pytest.mark.parametrize("cp,fmt,mask", [(2, "bshd", "causal"), (4, "sbhd", "causal"), (2, "sbhd", "no_mask")])
+def test_a2a_dense(cp, fmt, mask):
+    case = make_case(fmt, mask, cp, 2, 256, 8, 4, 64, 64, seed=7)
+    check(f"a2a cp={cp}", _run(case, cp, "a2a"), single_gpu(case), reference(case), case)
+
+
+@pytest.mark.parametrize("feature", ["bias", "window", "learnable_sink"])
+def test_a2a_features_match_single_gpu(feature):
+    """a2a runs te_cudnn's own attention on whole sequences: the same kernels as one GPU."""
+    cp, s, h = 2, 256, 8
+    case = make_case("bshd", "causal", cp, 2, s, h, h, 64, 64, seed=11)
+    shared = None
+    if feature == "bias":
+        shared = torch.randn(1, h, s, s, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        extra = dict(attn_bias=shared, attn_bias_type="post_scale_bias")
+    elif feature == "window":
+        extra = dict(window_size=(64, 0))
+    else:
+        shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True)
+        extra = dict(softmax_type="learnable", softmax_offset=shared)
+    got = _run(case, cp, "a2a", **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{feature} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
+
+
+def test_ring_dropout_backward_replays_forward_masks():
+    """out is linear in v for a fixed dropout mask, so sum(out * d_out) == sum(v * dv) holds
+    exactly when every backward step replays its forward step's mask (and fails otherwise)."""
+    cp = 4
+    case = make_case("bshd", "causal", cp, 2, 512, 8, 2, 64, 64, seed=5)
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    out, dq, dk, dv = _run(case, cp, "p2p", dropout=0.2, rng_gen=gen)
+    lhs = (out.double() * case.d_out.double()).sum()
+    rhs = (case.v.double() * dv.double()).sum()
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    assert abs(lhs - rhs) <= 2e-2 * (out.double() * case.d_out.double()).abs().sum(), (lhs.item(), rhs.item())
+    gen.manual_seed(1234)
+    again = _run(case, cp, "p2p", dropout=0.2, rng_gen=gen)
+    assert all(torch.equal(a, b) for a, b in zip(again, (out, dq, dk, dv))), "same generator state, same result"
+    gen.manual_seed(99)
+    other = _run(case, cp, "p2p", dropout=0.2, rng_gen=gen)
+    assert not torch.equal(other[0], out), "a new generator state draws new masks"
+
+
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_deterministic_mode_repeats_bitwise(comm):
+    case = make_case("sbhd", "causal", 2, 2, 512, 8, 2, 64, 64, seed=3)
+    first = _run(case, 2, comm, deterministic=True)
+    second = _run(case, 2, comm, deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))

@@ -1,0 +1,212 @@
+"""Context parallelism on the CPU: the ring's schedule, merge and gradient travel, the Ulysses
+all-to-all, and argument validation.
+
+cuDNN needs a GPU, so the ring tests here replace the two fused kernels the ring calls with a
+small fp32 implementation of the same contract (output and log-sum-exp forward; a backward
+from the *given* global O and log-sum-exp). What they check is te_cudnn's orchestration: the
+sections each step computes, the log-sum-exp merge, the key/value gradients that travel the
+ring, for cp = 1..8 against the fp32 reference on the full sequence. The real kernels run in
+``tests/test_cp_gpu.py`` (simulated ring on one GPU) and ``tests/cp_two_gpu.py`` (NCCL).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import te_cudnn.parallel.ring as ring_mod
+from te_cudnn import UnsupportedConfigError
+from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
+from te_cudnn.parallel.api import _options
+from te_cudnn.parallel.schedule import Section, bwd_origin, fwd_origin, fwd_step_of, section
+from te_cudnn.reference import attention_reference
+
+
+def _to_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.transpose(1, 2) if layout.startswith("bshd") else t.permute(1, 2, 0, 3)
+
+
+def _from_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return (t.transpose(1, 2) if layout.startswith("bshd") else t.permute(2, 0, 1, 3)).contiguous()
+
+
+def _scores(q, k, scale, mask):
+    h, hg = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(h // hg, dim=1)
+    s = scale * q @ k.transpose(-2, -1)
+    if mask == "causal":
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return s, k
+
+
+def _math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_scale, dropout, qkv_layout,
+              attn_mask_type, rng_state=None):  # fmt: skip
+    """fused_attn_fwd's contract for dense no_mask/causal, in fp32 on the CPU."""
+    assert dropout == 0.0 and cu_q is None
+    scale = attn_scale or q.shape[-1] ** -0.5
+    qb, kb, vb = (_to_bhsd(t, qkv_layout).float() for t in (q, k, v))
+    s, _ = _scores(qb, kb, scale, attn_mask_type)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    out = torch.softmax(s, -1) @ vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
+    return _from_bhsd(out, qkv_layout).to(dtype), [lse.contiguous(), torch.zeros(2, dtype=torch.int64)]
+
+
+def _math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, *, attn_scale, dropout, qkv_layout,
+              attn_mask_type, deterministic):  # fmt: skip
+    """fused_attn_bwd's contract (the gradient of one key block given the global O and lse)."""
+    scale = attn_scale or q.shape[-1] ** -0.5
+    qb, kb, vb, ob, dob = (_to_bhsd(t, qkv_layout).float() for t in (q, k, v, o, d_o))
+    group = qb.shape[1] // kb.shape[1]
+    s, k_full = _scores(qb, kb, scale, attn_mask_type)
+    p = torch.exp(s - aux[0])
+    ds = p * (dob @ vb.repeat_interleave(group, dim=1).transpose(-2, -1) - (dob * ob).sum(-1, keepdim=True))
+    dq = scale * ds @ k_full
+    dk = (scale * ds.transpose(-2, -1) @ qb).unflatten(1, (-1, group)).sum(2)
+    dv = (p.transpose(-2, -1) @ dob).unflatten(1, (-1, group)).sum(2)
+    return [_from_bhsd(g, qkv_layout).to(dtype) for g in (dq, dk, dv)] + [None, None]
+
+
+@pytest.fixture
+def math_kernels(monkeypatch):
+    monkeypatch.setattr(ring_mod, "fused_attn_fwd", _math_fwd)
+    monkeypatch.setattr(ring_mod, "fused_attn_bwd", _math_bwd)
+
+
+def _full_reference(q, k, v, d_out, mask, fmt):
+    leaves = [_to_bhsd(t, f"{fmt}_").double().requires_grad_() for t in (q, k, v)]
+    out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=torch.float64).out
+    out.backward(_to_bhsd(d_out, f"{fmt}_").double())
+    back = lambda t: _from_bhsd(t, f"{fmt}_")  # noqa: E731
+    return back(out.detach()), *(back(t.grad) for t in leaves)
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads", [
+    (cp, fmt, mask, heads) for cp, fmt, mask, heads in itertools.product(
+        (1, 2, 3, 4, 8), ("bshd", "sbhd"), ("causal", "no_mask"), ((4, 4, 16, 16), (4, 2, 16, 8), (4, 1, 8, 16)))
+])  # fmt: skip
+def test_ring_matches_full_attention(math_kernels, cp, fmt, mask, heads):
+    h, hg, d_qk, d_v = heads
+    b, s = 2, 4 * cp
+    g = torch.Generator().manual_seed(cp * 100 + h + hg)
+    shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
+    q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
+    v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
+    d_out = torch.randn(shape(h, d_v), generator=g).bfloat16()
+    parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
+    outs = simulate_context_parallel(*parts, "p2p", qkv_format=fmt, attn_mask_type=mask)
+    torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
+    ref = _full_reference(q, k, v, d_out, mask, fmt)
+    got = [unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert x.dtype == torch.bfloat16 and x.shape == y.shape, name
+        err = (x.double() - y).abs().max().item()
+        assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{name}: max error {err}"
+
+
+def test_schedule_covers_every_block_once():
+    for cp in (1, 2, 3, 5, 8):
+        for r in range(cp):
+            fwd = [fwd_origin(cp, r, i) for i in range(cp)]
+            bwd = [bwd_origin(cp, r, i) for i in range(cp)]
+            assert sorted(fwd) == sorted(bwd) == list(range(cp))
+            assert fwd[0] == r and bwd[-1] == r  # own block first forward, last backward (its gradient completes)
+            assert bwd[0] == fwd[-1]  # the backward starts with the block the forward ended with
+            assert all(fwd[fwd_step_of(cp, r, j)] == j for j in range(cp))
+
+
+def test_sections():
+    assert section(2, 2, True) is Section.DIAGONAL
+    assert section(2, 0, True) is Section.LOWER and Section.LOWER.kv_half and not Section.LOWER.q_half
+    assert section(0, 3, True) is Section.UPPER and Section.UPPER.q_half and not Section.UPPER.kv_half
+    assert section(0, 3, False) is Section.FULL
+
+
+def test_ring_merge_never_nan():
+    acc_o, acc_lse = torch.zeros(1, 2, 1, 4), torch.full((1, 1, 2, 1), float("-inf"))
+    o_i, lse_i = torch.ones(1, 2, 1, 4), torch.tensor([[[[float("-inf")], [0.5]]]])
+    ring_mod._merge(acc_o, acc_lse, o_i, lse_i, "bshd")
+    assert not acc_o.isnan().any() and acc_o[0, 0].eq(0).all() and acc_o[0, 1].eq(1).all()
+    assert acc_lse[0, 0, 0, 0] == float("-inf") and acc_lse[0, 0, 1, 0] == 0.5
+    ring_mod._merge(acc_o, acc_lse, torch.full((1, 2, 1, 4), 3.0), torch.tensor([[[[0.0], [0.5]]]]), "bshd")
+    assert acc_o[0, 0].eq(3).all() and torch.allclose(acc_o[0, 1], torch.full((4,), 2.0))
+    assert math.isclose(acc_lse[0, 0, 1, 0].item(), 0.5 + math.log(2), rel_tol=1e-6)
+
+
+def _bf16(*shape):
+    return torch.zeros(shape, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("comm,kwargs,q_shape,hg,match", [
+    ("p2p", dict(attn_bias_type="post_scale_bias"), (2, 8, 4, 16), 4, "attn_bias_type='post_scale_bias'"),
+    ("p2p", dict(window_size=(8, 0)), (2, 8, 4, 16), 4, r"window_size=\(8, 0\)"),
+    ("p2p", dict(softmax_type="learnable"), (2, 8, 4, 16), 4, "attention sinks"),
+    ("p2p", dict(attn_mask_type="causal_bottom_right"), (2, 8, 4, 16), 4, "bottom-right"),
+    ("a2a", dict(), (2, 8, 3, 16), 3, "h=3 and hg=3 must be divisible by cp=2"),
+    ("p2p", dict(), (2, 7, 4, 16), 4, "two equal chunks"),
+])  # fmt: skip
+def test_declines_with_reasons_before_communication(comm, kwargs, q_shape, hg, match):
+    q = _bf16(*q_shape)
+    k = _bf16(*q_shape[:2], hg, q_shape[3])
+    with pytest.raises(UnsupportedConfigError, match=match) as info:
+        simulate_context_parallel([q, q], [k, k], [k, k], comm, **kwargs)
+    assert f"cp_comm_type={comm!r}" in str(info.value)
+
+
+def test_decline_reasons_empty_when_supported():
+    q = _bf16(2, 8, 4, 16)
+    for comm in ("p2p", "a2a"):
+        opts = _options(comm, "bshd", "causal", None, 0.0, False, None, None, None, "vanilla", None, True)
+        assert cp_decline_reasons(opts, 2, q, q, q) == []
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(qkv_format="bhsd"), ValueError, "qkv_format='bhsd'"),
+    (dict(dropout=1.5), ValueError, "dropout"),
+    (dict(attn_mask_type=3), TypeError, "attn_mask_type"),
+    (dict(not_an_option=1), TypeError, "not_an_option"),
+])  # fmt: skip
+def test_argument_errors(kwargs, error, match):
+    q = _bf16(2, 8, 4, 16)
+    with pytest.raises(error, match=match):
+        simulate_context_parallel([q, q], [q, q], [q, q], "p2p", **kwargs)
+    with pytest.raises(ValueError, match="cp_comm_type='ring'"):
+        simulate_context_parallel([q, q], [q, q], [q, q], "ring")
+
+
+def test_thd_needs_padded_offsets():
+    q = _bf16(16, 4, 16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    with pytest.raises(UnsupportedConfigError, match="cu_seqlens_q_padded"):
+        simulate_context_parallel([q, q], [q, q], [q, q], "p2p", qkv_format="thd", cu_seqlens_q=cu)
+
+
+def test_context_parallel_attention_needs_a_process_group():
+    from te_cudnn.parallel import context_parallel_attention
+
+    q = _bf16(2, 8, 4, 16)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        context_parallel_attention(q, q, q, None)
+
+
+def test_example_help_without_a_process_group():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "context_parallel.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--seqlens" in proc.stdout and "torchrun" in proc.stdout
+
+
+def test_module_without_process_group_refuses_cp_group():
+    from te_cudnn import DotProductAttention
+
+    with pytest.raises(RuntimeError, match="init_process_group|process group"):
+        DotProductAttention(4, 16, cp_group=object())
+    with pytest.raises(ValueError, match="cp_comm_type='ring'"):
+        DotProductAttention(4, 16, cp_comm_type="ring")
+    assert DotProductAttention(4, 16).cp_group is None
