@@ -50,14 +50,16 @@ def _time(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def _peak(fn) -> int:
+def _peak(fn, inputs) -> int:
+    """Bytes one fwd+bwd needs: its inputs (q, k, v, d_out) plus the most it allocates on top."""
     import torch
 
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     fn()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated()
+    return torch.cuda.max_memory_allocated() - before + sum(x.numel() * x.element_size() for x in inputs)
 
 
 def _inputs(args, s: int, device):
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
         ref = None
         if args.single and rank == 0:
             try:
-                ms, peak = _time(lambda: _fwd_bwd(single, q, k, v, d_out), args.iters), _peak(lambda: _fwd_bwd(single, q, k, v, d_out))
+                ms, peak = _time(lambda: _fwd_bwd(single, q, k, v, d_out), args.iters), _peak(lambda: _fwd_bwd(single, q, k, v, d_out), (q, k, v, d_out))
                 ref = _fwd_bwd(single, q, k, v, d_out)
                 rows.append(dict(S=s, mode="single", rank=0, ms=ms, peak_gib=peak / 2**30))
                 per_token.setdefault("single", []).append((s, peak))
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
         for comm in args.comm:
             attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, dist.group.WORLD, comm)  # noqa: E731
             ms = _time(lambda: _fwd_bwd(attn, *local[:3], local[3]), args.iters)
-            peak = _peak(lambda: _fwd_bwd(attn, *local[:3], local[3]))
+            peak = _peak(lambda: _fwd_bwd(attn, *local[:3], local[3]), local)
             out = _fwd_bwd(attn, *local[:3], local[3])
             parts = [torch.empty_like(out) for _ in range(cp)]
             dist.all_gather(parts, out)
