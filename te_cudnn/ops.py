@@ -10,6 +10,7 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import threading
 import weakref
@@ -42,6 +43,7 @@ from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
+from .plans.split import chosen_split
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
@@ -991,6 +993,7 @@ def fused_attn_bwd(
     cuda_graph: bool = False,
     *,
     _prepared: Optional[list] = None,
+    _split: bool = True,
 ) -> list[Optional[torch.Tensor]]:
     """Fused attention backward (TransformerEngine 2.x's ``fused_attn_bwd``).
 
@@ -1045,6 +1048,9 @@ def fused_attn_bwd(
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
+    split = chosen_split(plan.tuning) if prep.fp8 and _split else None
+    if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
+        return _split_bwd(split, cfg, {name: value for name, value in locals().items() if name in _BWD_PARAMS})
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
     if prep.softmax_aux:
         return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
@@ -1087,6 +1093,49 @@ def fused_attn_bwd(
     if dbias is not None and cfg.bias_copy and not aux_ctx_tensors[2].is_contiguous():
         dbias = torch.empty_like(aux_ctx_tensors[2]).copy_(dbias)  # a copied bias' gradient in the caller's strides
     return [dq, dk, dv, dbias, d_sink]
+
+
+#: fused_attn_bwd's parameters (what a split call passes on to its parts).
+_BWD_PARAMS = frozenset(inspect.signature(fused_attn_bwd).parameters) - {"_prepared", "_split"}
+#: (batch axis, head axis) of q/k/v/o/dO per format; the softmax stats are [b, h, s, 1].
+_BH_AXES = {QKVFormat.bshd: (0, 2), QKVFormat.sbhd: (1, 2), QKVFormat.bhsd: (0, 1)}
+
+
+def _split_bwd(split: tuple[str, int], cfg: AttnConfig, call: dict[str, Any]) -> list[Optional[torch.Tensor]]:
+    """The backward as ``parts`` calls over zero-copy views of the batch or of whole GQA head
+    groups, as the autotuner measured and recorded (te_cudnn.plans.split): each part writes
+    its gradients into views of results in the layout's own strides, and its own amax slots,
+    combined by their maximum."""
+    dim, parts = split
+    axes = _BH_AXES[layout_info(cfg.layout).q_format]
+
+    def cut(t: torch.Tensor, i: int, axis_pair: tuple[int, int]) -> torch.Tensor:
+        axis = axis_pair[0] if dim == "batch" else axis_pair[1]
+        n = t.shape[axis] // parts
+        return t.narrow(axis, i * n, n)
+
+    q, k, v = call["q"], call["k"], call["v"]
+    grads = alloc_qkv_grads(cfg.layout, q, k, v, dtype=cfg.do_dtype)
+    tables = {name: call[name] for name in ("amax_dp", "amax_dqkv") if call[name] is not None}
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in tables}
+    for i in range(parts):
+        part = dict(call, **{name: cut(call[name], i, axes) for name in ("q", "k", "v", "o", "d_o")})
+        aux = call["aux_ctx_tensors"]
+        part["aux_ctx_tensors"] = [cut(aux[0], i, (0, 1)), *aux[1:]]
+        if dim == "batch":  # the part's sequences: [b / parts + 1] entries whose differences are its lengths
+            n = cfg.b // parts
+            for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+                if call[name] is not None:
+                    part[name] = call[name].narrow(0, i * n, n + 1)
+        for name, table in tables.items():
+            part[name] = torch.zeros_like(table)
+            seen[name].append(part[name].narrow(0, call[name + "_offset"], 1))
+        got = fused_attn_bwd(**part, _split=False)
+        for full, g in zip(grads, got[:3]):
+            cut(full, i, axes).copy_(g)
+    for name, table in tables.items():
+        torch.amax(torch.cat(seen[name]), dim=0, keepdim=True, out=table.narrow(0, call[name + "_offset"], 1))
+    return [*grads, None, None]
 
 
 def _sink_grad(cfg: AttnConfig, o: torch.Tensor, d_o: torch.Tensor, stats: torch.Tensor, sink: torch.Tensor,

@@ -361,3 +361,41 @@ def test_tuned_plan_in_a_cuda_graph(store_env) -> None:
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(static, eager) or rel_error(static, eager) <= TOLERANCES[torch.bfloat16].floor
+
+
+@pytest.mark.fp8
+@pytest.mark.parametrize("mask", ["causal", "padding_causal"])
+@pytest.mark.parametrize("b,h,hg,split", [(2, 8, 4, ("batch", 2)), (4, 8, 4, ("batch", 4)), (1, 8, 4, ("heads", 2)),
+                                          (1, 8, 4, ("heads", 4))])  # fmt: skip
+def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, split, mask) -> None:
+    """The split path (as a tuning record chooses it) gives the whole call's gradients and
+    amaxes: zero-copy views of the batch or of whole GQA head groups, results in place."""
+    import te_cudnn
+    import te_cudnn.ops as ops_mod
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, 512, h, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(b, 512, hg, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    d_out = torch.randn(b, 512, h, 128, device="cuda", generator=g).bfloat16()
+
+    def run():
+        meta = te_cudnn.Fp8AttentionMeta(device="cuda")
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        lens = torch.tensor([512 - 37 * i * (mask != "causal") for i in range(b)], dtype=torch.int32, device="cuda")
+        cu = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))  # given, as TE's callers do
+        out = te_cudnn.fp8_attention(*leaves, meta, qkv_layout="bshd_bshd_bshd", attn_mask_type=mask,
+                                     cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        out.backward(d_out)
+        return [x.grad for x in leaves], meta
+
+    whole, meta_whole = run()
+    calls = []
+    real = ops_mod._split_bwd
+    monkeypatch.setattr(ops_mod, "chosen_split", lambda record: split)
+    monkeypatch.setattr(ops_mod, "_split_bwd", lambda *a: calls.append(a[0]) or real(*a))
+    parts, meta_parts = run()
+    assert calls == [split]
+    for name, x, y in zip(("dq", "dk", "dv"), parts, whole):
+        assert x.shape == y.shape and x.stride() == y.stride(), name
+        torch.testing.assert_close(x, y, atol=1e-2, rtol=1e-2, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(meta_parts.bwd.amax_history, meta_whole.bwd.amax_history, atol=0, rtol=1e-2)

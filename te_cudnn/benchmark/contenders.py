@@ -106,6 +106,7 @@ def all_contenders(env: Any = None) -> list[Contender]:
         TeCudnn("te_cudnn", "te_cudnn", "F16_arbitrary_seqlen", env=env),
         TeCudnn("te_cudnn autotuned", "te_cudnn_autotuned", None, autotune=True, env=env),
         TeCudnn("te_cudnn fp8", "te_cudnn_fp8", "FP8", fp8=True, env=env),
+        TeCudnn("te_cudnn fp8 autotuned", "te_cudnn_fp8_autotuned", "FP8", fp8=True, autotune=True, env=env),
         TeCudnn("te_cudnn max512", "te_cudnn_max512", "F16_max512_seqlen", env=env),
         HandBuilt(),
         TorchSdpa("cuDNN"),
@@ -116,7 +117,8 @@ def all_contenders(env: Any = None) -> list[Contender]:
 
 
 #: --contenders groups
-CONTENDER_GROUPS = {"te": ("te_cudnn", "te_cudnn_autotuned", "te_cudnn_fp8", "te_cudnn_max512"),
+CONTENDER_GROUPS = {"te": ("te_cudnn", "te_cudnn_autotuned", "te_cudnn_fp8", "te_cudnn_fp8_autotuned",
+                           "te_cudnn_max512"),
                     "sdpa": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")}  # fmt: skip
 
 

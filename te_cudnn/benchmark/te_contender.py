@@ -55,7 +55,7 @@ def _explain_reasons(case: Case, dtype: torch.dtype, env: Any) -> dict[str, list
 
 #: the cases te_cudnn autotuned runs by default (the first tuning of a plan times every candidate)
 AUTOTUNE_DEFAULT_CASES = frozenset({"test_1", "test_3", "llama_h32_s8k", "llama_h64_s16k", "thd_mixed_16k",
-                                    "decode_kv8k", "fp8_b2_h32_s8k"})  # fmt: skip
+                                    "decode_kv8k", "fp8_b2_h32_s8k", "fp8_b1_h64_s8k"})  # fmt: skip
 
 
 class TeCudnnRun(Run):

@@ -59,7 +59,7 @@ import statistics
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 __all__ = [
@@ -68,6 +68,8 @@ __all__ = [
     "format_record", "make_operands", "measure", "plan_candidates", "tunable", "tune_key", "tune_plan",
     "tuning_record", "tuning_wanted", "valid_record",
 ]  # fmt: skip
+
+from .split import measure_splits, splittable
 
 _log = logging.getLogger("te_cudnn")
 
@@ -290,6 +292,7 @@ class TuningResult:
     seconds: float = 0.0
     timestamp: float = field(default_factory=time.time)
     key: Any = None  # the PlanKey, when known (not part of the record: the plan file holds it)
+    split: Optional[dict] = None  # FP8 backward: the measured splits (te_cudnn.plans.split)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -322,6 +325,7 @@ class TuningResult:
             "reps": self.reps,
             "seconds": round(self.seconds, 3),
             "timestamp": self.timestamp,
+            **({} if self.split is None else {"split": self.split}),
         }  # fmt: skip
 
     @classmethod
@@ -337,7 +341,8 @@ class TuningResult:
             int(h["index"]), str(h["name"]), None, h.get("median_ms")))  # fmt: skip
         return cls(cands, chosen, heuristic, str(record.get("rule", "fastest")), list(record.get("modes") or []),
                    int(record.get("warmup") or 0), int(record.get("reps") or 0), int(record.get("duplicates") or 0),
-                   float(record.get("seconds") or 0.0), float(record.get("timestamp") or 0.0), key)  # fmt: skip
+                   float(record.get("seconds") or 0.0), float(record.get("timestamp") or 0.0), key,
+                   record.get("split") if isinstance(record.get("split"), dict) else None)  # fmt: skip
 
 
 def valid_record(record: Any) -> bool:
@@ -755,8 +760,33 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
 
     timings = measure(candidates, run_for, timer or cuda_event_timer, warmup=warmup, reps=reps)
     chosen, heuristic, rule = choose(timings, heur.index, min_speedup)
+    split = None
+    if splittable(key) and chosen.median_ms is not None:  # FP8 backward: does running it in parts pay?
+        run_once(chosen.index, workspace(chosen))
+        want = {uid: ops[uid].clone() for uid in outputs}
+
+        def build_part(part_cfg: Any) -> Any:
+            from ..backends import BY_ENUM  # noqa: PLC0415
+            from .cache import build_plan  # noqa: PLC0415
+
+            part_key = replace(key, config=part_cfg)
+            return build_plan(part_key, lambda: BY_ENUM[key.backend].build(part_cfg, key.direction, handle))
+
+        def run_part(plan: Any, part_ops: dict) -> None:
+            ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=device)
+            plan.graph.execute(part_ops, ws, handle=handle)
+
+        def agree(uid: int, got: Any, ref: Any) -> Optional[str]:
+            from ..backends.base import Uid  # noqa: PLC0415
+
+            return _agreement_error(Uid.NAMES.get(uid, str(uid)), got, ref, tol)
+
+        def time_ms(fn: Callable[[], None]) -> float:
+            return statistics.median(float(x) for x in (timer or cuda_event_timer)(fn, None, warmup=warmup, reps=reps))
+
+        split = measure_splits(key, chosen.median_ms, ops, want, build_part, run_part, agree, time_ms, min_speedup)
     return TuningResult(timings, chosen, heuristic, rule, planned.modes, warmup, reps, planned.duplicates,
-                        time.perf_counter() - start, time.time(), key)  # fmt: skip
+                        time.perf_counter() - start, time.time(), key, split)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the builder

@@ -1,0 +1,121 @@
+"""Running one backward as several smaller calls, where cuDNN's engine falls off a cliff.
+
+Measured on an H100 with cuDNN 9.19: the FP8 backward's only engine (``eng6_k24=26``) takes 4x
+the time for 2x the work once ``b * h >= 64`` (9.4 ms at b=2, h=32, s=8K causal against 2.36 ms
+at b=1), while splitting the call over halves of the batch gives the same results in about
+half the time. The split is an execution choice like an engine: the autotuner
+(:mod:`te_cudnn.plans.tune`) times it for FP8 backward keys, on the same operands, after
+checking that the parts reproduce the whole call's outputs, and records the fastest choice in
+the tuning record (``record["split"]``) stored with the plan, so a later process reads it
+instead of measuring. Nothing splits without that measurement (no hard-coded threshold).
+
+A split cuts every tensor of the call into ``parts`` zero-copy views along the batch dim or,
+for one sequence (``b == 1``), along whole GQA head groups (query heads ``[i h/n, (i+1) h/n)``
+with key/value heads ``[i hg/n, (i+1) hg/n)``); the gradients are written into the views of
+full results in the layout's own strides, and the amax outputs combine by their maximum.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["PARTS", "splittable", "split_choices", "split_config", "slice_operand", "measure_splits", "chosen_split"]
+
+_log = logging.getLogger("te_cudnn")
+
+#: The numbers of parts tried.
+PARTS = (2, 4)
+
+
+def splittable(key: Any) -> bool:
+    """FP8 backward keys of dense layouts (the only measured cliff)."""
+    from ..enums import FusedAttnBackend  # noqa: PLC0415
+    from .key import Direction  # noqa: PLC0415
+
+    cfg = key.config
+    return (key.backend == FusedAttnBackend.FP8 and key.direction == Direction.BWD and not cfg.is_ragged
+            and cfg.paged is None and not cfg.empty)  # fmt: skip
+
+
+def split_choices(cfg: Any) -> list[tuple[str, int]]:
+    """``(dim, parts)`` pairs a configuration can be cut into: batch halves/quarters, or for one
+    sequence whole GQA head groups (stats stay contiguous only when ``b == 1``)."""
+    if cfg.b > 1:
+        return [("batch", n) for n in PARTS if cfg.b % n == 0]
+    return [("heads", n) for n in PARTS if cfg.hg % n == 0 and cfg.h % n == 0]
+
+
+def split_config(cfg: Any, dim: str, parts: int) -> Any:
+    """The configuration of one part (strides are unchanged: the parts are views)."""
+    if dim == "batch":
+        return replace(cfg, b=cfg.b // parts)
+    return replace(cfg, h=cfg.h // parts, hg=cfg.hg // parts)
+
+
+def slice_operand(t: Any, dim: str, index: int, parts: int, sizes: tuple[int, int], bhsd_dims: tuple[int, int]) -> Any:
+    """Part ``index`` of operand ``t``: along its batch dim, or its head dim when that holds
+    ``h`` or ``hg`` heads (``sizes``); scalars and tensors without the dim are shared."""
+    axis = bhsd_dims[0] if dim == "batch" else bhsd_dims[1]
+    if t is None or t.dim() <= axis or t.shape[axis] not in sizes or t.shape[axis] == 1:
+        return t
+    n = t.shape[axis] // parts
+    return t.narrow(axis, index * n, n)
+
+
+def chosen_split(record: Optional[dict]) -> Optional[tuple[str, int]]:
+    """The split a tuning record chose, or None (no record, no split measured, or whole calls won)."""
+    split = None if record is None else record.get("split")
+    if not isinstance(split, dict) or not split.get("chosen"):
+        return None
+    dim, parts = split["chosen"]
+    return str(dim), int(parts)
+
+
+def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part: Callable[[Any], Any],
+                   run: Callable[[Any, dict], None], compare: Callable[[Any, Any, Any], Optional[str]],
+                   time_ms: Callable[[Callable[[], None]], float], min_speedup: float) -> dict[str, Any]:  # fmt: skip
+    """Time every split of ``key`` against the whole call (``whole_ms``, already measured).
+
+    ``ops`` are the whole call's operands (uid -> tensor, outputs included) and ``want`` the
+    whole call's outputs on them; ``build_part(cfg)`` builds a plan for a part's configuration;
+    ``run(plan, ops)`` launches a plan; ``compare(uid, got, want)`` says why outputs disagree
+    (None: they agree); ``time_ms(fn)`` is the median milliseconds of ``fn``. A split serves
+    only if its parts reproduce ``want`` and it is ``min_speedup`` times faster. Returns the
+    record entry ``{"whole_ms", "candidates": [{"dim", "parts", "median_ms" | "error"}], "chosen"}``."""
+    cfg = key.config
+    candidates: list[dict[str, Any]] = []
+    best: Optional[tuple[float, str, int]] = None
+    for dim, parts in split_choices(cfg):
+        entry: dict[str, Any] = {"dim": dim, "parts": parts}
+        try:
+            plan = build_part(split_config(cfg, dim, parts))
+            sizes = (cfg.b, cfg.b) if dim == "batch" else (cfg.h, cfg.hg)
+            views = [{uid: slice_operand(t, dim, i, parts, sizes, (0, 1)) for uid, t in ops.items()}
+                     for i in range(parts)]  # fmt: skip
+            for uid in want:
+                ops[uid].zero_()
+
+            def run_all(views: Sequence[dict] = views, plan: Any = plan) -> None:
+                for part in views:
+                    run(plan, part)
+
+            run_all()
+            for uid, t in want.items():
+                if views[0][uid] is ops[uid]:  # a shared scalar (amax): each part writes its own; the runtime takes the max
+                    continue
+                why = compare(uid, ops[uid], t)
+                if why is not None:
+                    raise RuntimeError(f"the parts disagree with the whole call: {why}")
+            entry["median_ms"] = ms = round(float(time_ms(run_all)), 6)
+            if ms * min_speedup <= whole_ms and (best is None or ms < best[0]):
+                best = (ms, dim, parts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the whole call serves
+            entry["error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        candidates.append(entry)
+    chosen = None if best is None else [best[1], best[2]]
+    _log.info("split tuning for %s: whole call %.4f ms; %s -> %s", key, whole_ms,
+              ", ".join(f"{c['dim']}/{c['parts']}: {c.get('median_ms', c.get('error'))}" for c in candidates),
+              chosen or "whole call")  # fmt: skip
+    return {"whole_ms": round(whole_ms, 6), "candidates": candidates, "chosen": chosen}

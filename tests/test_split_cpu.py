@@ -1,0 +1,96 @@
+"""Splitting a backward into parts (te_cudnn.plans.split): the choices a configuration allows,
+the part configurations and operand views, the record the tuner writes and reads back, and
+the measurement's bookkeeping with a fake runner and timer (no GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from te_cudnn.plans.split import chosen_split, measure_splits, slice_operand, split_choices, split_config
+from te_cudnn.plans.tune import CandidateTiming, TuningResult
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    b: int
+    h: int
+    hg: int
+
+
+def test_split_choices_batch_first_then_head_groups():
+    assert split_choices(_Cfg(2, 32, 32)) == [("batch", 2)]
+    assert split_choices(_Cfg(4, 32, 8)) == [("batch", 2), ("batch", 4)]
+    assert split_choices(_Cfg(3, 32, 8)) == []  # odd batch: no batch split, and b > 1 keeps heads whole
+    assert split_choices(_Cfg(1, 64, 8)) == [("heads", 2), ("heads", 4)]
+    assert split_choices(_Cfg(1, 64, 1)) == []  # MQA: one key/value head cannot be split
+
+
+def test_split_config_and_operand_views_are_zero_copy():
+    from te_cudnn.config import describe_shapes
+
+    cfg = describe_shapes(is_training=True, dtype=torch.bfloat16, qkv_layout="bshd_bshd_bshd", attn_bias_type="no_bias",
+                          attn_mask_type="causal", softmax_type="vanilla", dropout=0.0, num_attn_heads=32,
+                          num_gqa_groups=8, max_seqlen_q=1024, max_seqlen_kv=1024, head_dim_qk=128, head_dim_v=128,
+                          window_size=(-1, 0), batch_size=2)
+    part = split_config(cfg, "batch", 2)
+    assert part.b == 1 and part.q_stride == cfg.q_stride
+    part = split_config(replace(cfg, b=1), "heads", 4)
+    assert (part.h, part.hg) == (8, 2)
+    q = torch.zeros(2, 32, 64, 16)  # BHSD operands as a graph declares them
+    k = torch.zeros(2, 8, 64, 16)
+    scalar = torch.zeros(1, 1, 1, 1)
+    halves = [slice_operand(q, "batch", i, 2, (2, 2), (0, 1)) for i in range(2)]
+    assert all(h.shape == (1, 32, 64, 16) and h.data_ptr() == q[i:].data_ptr() for i, h in enumerate(halves))
+    assert slice_operand(k, "heads", 1, 4, (32, 8), (0, 1)).shape == (2, 2, 64, 16)
+    assert slice_operand(scalar, "batch", 1, 2, (2, 2), (0, 1)) is scalar
+
+
+def test_measure_splits_records_times_and_keeps_the_whole_call_unless_faster():
+    class Key:
+        config = _Cfg(4, 8, 8)
+
+    out_uid, in_uid = 10, 1
+    ops = {in_uid: torch.arange(4.0).view(4, 1, 1, 1), out_uid: torch.zeros(4, 1, 1, 1)}
+    want = {out_uid: 2 * ops[in_uid].clone()}
+    runs = []
+
+    def run(plan, part):
+        runs.append(plan)
+        part[out_uid].copy_(2 * part[in_uid])
+
+    def agree(uid, got, ref):
+        return None if torch.equal(got, ref) else "differs"
+
+    times = iter([3.0, 5.0])  # batch/2: 3 ms, batch/4: 5 ms
+    rec = measure_splits(Key, 4.0, ops, want, lambda cfg: ("plan", cfg.b), run, agree, lambda fn: next(times), 1.01)
+    assert rec["chosen"] == ["batch", 2] and rec["whole_ms"] == 4.0
+    assert [c["parts"] for c in rec["candidates"]] == [2, 4] and rec["candidates"][0]["median_ms"] == 3.0
+    assert ("plan", 2) in runs and ("plan", 1) in runs
+    times = iter([4.5, 5.0])
+    assert measure_splits(Key, 4.0, ops, want, lambda c: None, run, agree, lambda fn: next(times), 1.01)["chosen"] is None
+
+
+def test_measure_splits_refuses_parts_that_disagree():
+    class Key:
+        config = _Cfg(2, 8, 8)
+
+    ops = {1: torch.ones(2, 1, 1, 1), 10: torch.zeros(2, 1, 1, 1)}
+
+    def wrong(plan, part):
+        part[10].fill_(7.0)
+
+    rec = measure_splits(Key, 4.0, ops, {10: torch.ones(2, 1, 1, 1)}, lambda c: None, wrong,
+                         lambda uid, g, w: None if torch.equal(g, w) else "differs", lambda fn: 1.0, 1.01)
+    assert rec["chosen"] is None and "disagree" in rec["candidates"][0]["error"]
+
+
+def test_record_round_trip_keeps_the_split():
+    t = CandidateTiming(0, "eng6_k24=26", 1 << 20, 9.3, 9.2, 10)
+    split = {"whole_ms": 9.3, "candidates": [{"dim": "batch", "parts": 2, "median_ms": 4.8}], "chosen": ["batch", 2]}
+    record = TuningResult([t], t, t, split=split).to_record()
+    assert chosen_split(record) == ("batch", 2)
+    assert TuningResult.from_record(record).split == split
+    assert chosen_split({"version": 1}) is None and chosen_split(None) is None
+    assert chosen_split(TuningResult([t], t, t).to_record()) is None
