@@ -210,3 +210,64 @@ def test_module_without_process_group_refuses_cp_group():
     with pytest.raises(ValueError, match="cp_comm_type='ring'"):
         DotProductAttention(4, 16, cp_comm_type="ring")
     assert DotProductAttention(4, 16).cp_group is None
+
+
+def _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, pad_q=None, pad_kv=None,
+                 softmax_offset=None):  # fmt: skip
+    """te_cudnn.autograd.attend's contract for dense no_mask/causal, differentiable, on the CPU."""
+    layout = opts.qkv_layout
+    out = attention_reference(*(_to_bhsd(t, layout).float() for t in (q, k, v)), attn_mask_type=opts.attn_mask_type).out
+    return _from_bhsd(out, layout).to(q.dtype)
+
+
+def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: str, report: str) -> None:
+    """One rank of a CPU process group (gloo): the real transport (batch_isend_irecv, all-to-all)
+    and autograd functions of context_parallel_attention, with the fp32 stand-in kernels."""
+    import os
+
+    import torch.distributed as dist
+
+    import te_cudnn.parallel.api as api_mod
+    from te_cudnn.parallel import context_parallel_attention
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = _math_fwd, _math_bwd, _math_attend
+    g = torch.Generator().manual_seed(5)
+    b, s, h, hg, d = 2, 8 * world, 4, 2, 16
+    shape = lambda n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
+    q, k, v, d_out = (torch.randn(shape(n), generator=g).bfloat16() for n in (h, hg, hg, h))
+    local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, dist.group.WORLD, comm, qkv_format=fmt, attn_mask_type=mask)
+    out.backward(shard(d_out, world, rank, fmt))
+    gathered = []
+    for t in (out.detach(), *(x.grad for x in local)):
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t.contiguous())
+        gathered.append(unshard(parts, fmt))
+    if rank == 0:
+        ref = _full_reference(q, k, v, d_out, mask, fmt)
+        errs = [((x.double() - y).abs().max() / y.abs().max()).item() for x, y in zip(gathered, ref)]
+        with open(report, "w") as f:
+            f.write(" ".join(f"{e:.6f}" for e in errs))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("comm,fmt,mask,world", [("p2p", "bshd", "causal", 2), ("p2p", "sbhd", "no_mask", 3),
+                                                 ("p2p", "bshd", "causal", 4), ("a2a", "bshd", "causal", 2)])  # fmt: skip
+def test_over_a_real_process_group_on_cpu(tmp_path, comm, fmt, mask, world):
+    """context_parallel_attention over torch.distributed (gloo on CPU processes): the ring's
+    batched isend/irecv between real ranks, the all-to-all, autograd, the results gathered."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    report = tmp_path / "errors.txt"
+    mp.spawn(_gloo_worker, args=(world, port, comm, fmt, mask, str(report)), nprocs=world, join=True)
+    errs = [float(x) for x in report.read_text().split()]
+    assert len(errs) == 4 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv"), errs))
