@@ -67,6 +67,26 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
         ms.append(e0.elapsed_time(e1))
     print(f"\n== {attn} {mode}: median step {statistics.median(ms):.2f} ms (events, synced per step), "
           f"host {statistics.median(host):.2f} ms")
+    if a.profiler == "kernels":  # what the step launches: device kernels and runtime calls, per step
+        from collections import Counter  # noqa: PLC0415
+
+        from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            for _ in range(a.steps):
+                step()
+        torch.cuda.synchronize()
+        kernels, runtime = Counter(), Counter()
+        for e in tp.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name[:90]] += 1
+            elif e.name.startswith(("cuda", "cu")) and "Launch" in e.name or e.name.startswith("cudaMemcpy"):
+                runtime[e.name] += 1
+        print(f"device kernels per step: {sum(kernels.values()) / a.steps:.1f}; runtime calls per step: "
+              + ", ".join(f"{n} {c / a.steps:.1f}" for n, c in runtime.most_common()))
+        for name, c in kernels.most_common(a.top):
+            print(f"  {c / a.steps:6.1f}  {name}")
+        return
     if a.profiler == "torch":  # self-CPU time per op and region (C++ included), per step
         from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -101,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--attn", default="te_cudnn,sdpa")
-    p.add_argument("--profiler", default="cprofile", choices=("cprofile", "torch"))
+    p.add_argument("--profiler", default="cprofile", choices=("cprofile", "torch", "kernels"))
     a = p.parse_args(argv)
     for attn in a.attn.split(","):
         run(attn, a.mode, a)
