@@ -240,6 +240,12 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
     local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]
     out = context_parallel_attention(*local, dist.group.WORLD, comm, qkv_format=fmt, attn_mask_type=mask)
     out.backward(shard(d_out, world, rank, fmt))
+    from te_cudnn import DotProductAttention
+
+    module = DotProductAttention(h, d, num_gqa_groups=hg, qkv_format=fmt, attn_mask_type=mask, cp_group=dist.group.WORLD,
+                                 cp_comm_type=comm)  # fmt: skip
+    flat = module(*(x.detach() for x in local))  # heads flattened, as TE's module returns it
+    assert torch.equal(flat, out.detach().flatten(-2)), "the module with cp_group runs the same attention"
     gathered = []
     for t in (out.detach(), *(x.grad for x in local)):
         parts = [torch.empty_like(t) for _ in range(world)]
