@@ -8,6 +8,8 @@ default) and runs ``te_cudnn.parallel.context_parallel_attention`` forward+backw
 fits). Prints per rank the median fwd+bwd time (CUDA events, after warm-up), the peak memory,
 and the output's error against the single-GPU run; ``--fit`` estimates the longest sequence that
 fits from the measured peak memory per token. ``--json`` writes everything (rank 0).
+``--alone CP`` needs no torchrun: one GPU runs one rank of a CP-way ring (its compute, memory and
+exchanges as device copies, no communication) beside the whole sequence, to size a run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the single-GPU comparison")
     p.add_argument("--fit", action="store_true", help="estimate the longest causal S that fits (from peak memory)")
     p.add_argument("--json", help="write the results here (rank 0)")
+    p.add_argument("--alone", type=int, metavar="CP", help="no torchrun: one GPU runs one rank of a CP-way p2p ring "
+                   "(te_cudnn.parallel.ring_rank_alone: its compute and memory, no communication) beside the "
+                   "whole sequence")
     return p.parse_args(argv)
 
 
@@ -51,10 +56,14 @@ def _time(fn, iters: int) -> float:
 
 
 def _peak(fn, inputs) -> int:
-    """Bytes one fwd+bwd needs: its inputs (q, k, v, d_out) plus the most it allocates on top."""
+    """Bytes one fwd+bwd needs: its inputs (q, k, v, d_out) plus the most it allocates on top
+    (cuDNN's workspace included: te_cudnn's cached workspaces are released first)."""
     import torch
 
+    import te_cudnn
+
     torch.cuda.synchronize()
+    te_cudnn.release_workspaces()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     fn()
@@ -77,8 +86,34 @@ def _fwd_bwd(attn, q, k, v, d_out):
     return out.detach()
 
 
+def alone(args) -> int:
+    """One rank's share of a CP-way ring on this GPU beside the whole sequence on it."""
+    import torch
+
+    import te_cudnn
+    from te_cudnn.parallel import ring_rank_alone, shard
+
+    cp, rows, per_token = args.alone, [], {}
+    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")  # noqa: E731
+    rank = lambda q, k, v: ring_rank_alone(q, k, v, cp, 0, qkv_format="bshd", attn_mask_type="causal")  # noqa: E731
+    for s in args.seqlens:
+        full = _inputs(args, s, torch.device("cuda"))
+        local = [shard(x, cp, 0, "bshd") for x in full]
+        for mode, fn, xs in (("single", single, full), (f"rank of {cp}", rank, local)):
+            ms = _time(lambda: _fwd_bwd(fn, *xs[:3], xs[3]), args.iters)
+            peak = _peak(lambda: _fwd_bwd(fn, *xs[:3], xs[3]), xs)
+            rows.append(dict(S=s, mode=mode, rank=0, ms=ms, peak_gib=peak / 2**30))
+            per_token.setdefault(mode, []).append((s, peak))
+        del full, local
+        torch.cuda.empty_cache()
+    _report(args, rows, per_token, cp)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.alone:
+        return alone(args)
     import torch
     import torch.distributed as dist
 
@@ -138,7 +173,7 @@ def _report(args, rows, per_token, cp) -> None:
     print(f"{'S':>7} {'mode':>6} {'rank':>4} {'fwd+bwd ms':>11} {'peak GiB':>9} {'speed-up':>8} {'err vs 1 GPU':>12}")
     for r in rows:
         ms = "-" if r["ms"] is None else f"{r['ms']:.2f}"
-        up = f"{single[r['S']] / r['ms']:.2f}x" if r["mode"] != "single" and r["S"] in single else ""
+        up = f"{single[r['S']] / r['ms']:.2f}x" if r["mode"] != "single" and r["S"] in single and r["ms"] else ""
         err = "" if r.get("rel_err_vs_single") is None else f"{r['rel_err_vs_single']:.2e}"
         peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
         print(f"{r['S']:>7} {r['mode']:>6} {r['rank']:>4} {ms:>11} {peak:>9} {up:>8} {err:>12}")
@@ -152,8 +187,8 @@ def _report(args, rows, per_token, cp) -> None:
                 fits[mode] = int((total - (p0 - slope * s0)) / slope)
                 print(f"longest causal S that fits ({mode}, from peak memory {slope / 1024:.1f} KiB/token): ~{fits[mode]:,}")
         if "single" in fits:
-            for mode in args.comm:
-                if mode in fits:
+            for mode in fits:
+                if mode != "single":
                     print(f"  {mode}: {fits[mode] / fits['single']:.2f}x the single-GPU length")
     if args.json:
         with open(args.json, "w") as f:

@@ -277,3 +277,18 @@ def test_over_a_real_process_group_on_cpu(tmp_path, comm, fmt, mask, world):
     mp.spawn(_gloo_worker, args=(world, port, comm, fmt, mask, str(report)), nprocs=world, join=True)
     errs = [float(x) for x in report.read_text().split()]
     assert len(errs) == 4 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv"), errs))
+
+
+def test_ring_rank_alone_allocates_and_computes_one_ranks_share(math_kernels):
+    """One rank of a 4-way ring without a process group: the local shapes and gradients of a
+    rank; with every block a copy of its own, the result equals the ring over four identical shards."""
+    from te_cudnn.parallel import ring_rank_alone
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 8, 4, 16, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    out = ring_rank_alone(q, k, v, 4, 1, qkv_format="bshd", attn_mask_type="causal")
+    out.sum().backward()
+    assert out.shape == q.shape and q.grad.shape == q.shape and k.grad.shape == k.shape
+    same = [[t.detach().clone().requires_grad_() for _ in range(4)] for t in (q, k, v)]
+    ring = simulate_context_parallel(*same, "p2p", qkv_format="bshd", attn_mask_type="causal")
+    assert torch.equal(ring[1], out.detach())

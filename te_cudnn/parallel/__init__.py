@@ -11,7 +11,7 @@
 Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses`` -> ``api``.
 """
 
-from .api import CpOptions, context_parallel_attention, cp_decline_reasons, simulate_context_parallel
+from .api import CpOptions, context_parallel_attention, cp_decline_reasons, ring_rank_alone, simulate_context_parallel
 from .partition import (
     dual_chunks,
     gather_sequence,
@@ -30,7 +30,7 @@ from .partition import (
 )
 
 __all__ = [
-    "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons", "CpOptions",
+    "context_parallel_attention", "simulate_context_parallel", "ring_rank_alone", "cp_decline_reasons", "CpOptions",
     "shard", "unshard", "split_sequence", "gather_sequence", "pad_cu_seqlens", "pad_thd", "unpad_thd",
     "split_thd", "gather_thd", "thd_partition_index", "thd_valid_lengths", "thd_local_cu_seqlens", "dual_chunks",
     "seq_dim",

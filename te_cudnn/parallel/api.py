@@ -16,10 +16,11 @@ import torch
 from ..autograd import AttnOptions, _readable_grad, attend, attend_fp8
 from ..errors import UnsupportedConfigError
 from .ring import DenseTiles, RingSpec, ThdTiles, backward_program, draw_rng_states, forward_program
-from .transport import AllToAll, group_info, run_on_group, run_simulated
+from .transport import AllToAll, group_info, run_loopback, run_on_group, run_simulated
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
 
-__all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons"]
+__all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
+           "ring_rank_alone"]
 
 _COMM_TYPES = ("p2p", "a2a")
 _DENSE_MASKS = ("no_mask", "causal")
@@ -296,3 +297,15 @@ def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence
     if call.o.comm == "p2p":
         return call.ring(qs, ks, vs, run_simulated)
     return call.ulysses(qs, ks, vs, simulated_exchange, lambda t: t, bias, offset, fp8_meta)
+
+
+def ring_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, rank: int = 0,
+                    **options: Any) -> torch.Tensor:  # fmt: skip
+    """One rank of a ``cp``-way p2p ring on one GPU, without a process group: every key/value
+    block it would receive is a copy of its own (:func:`~te_cudnn.parallel.transport.run_loopback`).
+    It allocates, computes and copies what that rank would, so its time and peak memory are the
+    rank's, less the communication; the *values* are not attention over a real sequence. For
+    sizing (how long a sequence fits per rank, what a step costs) before a multi-GPU run.
+    Differentiable; same keyword options as :func:`context_parallel_attention`."""
+    call, _ = _setup(q, k, v, cp, (rank,), "p2p", **options)
+    return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])])[0]

@@ -59,11 +59,13 @@ def _lse_rows(lse: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _merge(acc_o: torch.Tensor, acc_lse: torch.Tensor, o_i: torch.Tensor, lse_i: torch.Tensor, fmt: str) -> None:
-    """Fold one step's (O_i, lse_i) into the accumulators, in place (all four alike in rows)."""
+    """Fold one step's (O_i, lse_i) into the accumulators, in place (all four alike in rows):
+    ``O = O exp(lse - new) + O_i exp(lse_i - new)`` in fp32 without an fp32 copy of O_i."""
     new = torch.logaddexp(acc_lse, lse_i)  # (-inf, -inf) -> -inf
-    weight = torch.exp(lse_i - new).nan_to_num_(0.0)  # -inf - -inf: no key seen on either side
+    w_old = torch.exp(acc_lse - new).nan_to_num_(0.0)  # -inf - -inf: no key seen on either side
+    w_new = torch.exp(lse_i - new).nan_to_num_(0.0)
     acc_lse.copy_(new)
-    acc_o.lerp_(o_i.float(), _lse_rows(weight, fmt))
+    acc_o.mul_(_lse_rows(w_old, fmt)).addcmul_(o_i, _lse_rows(w_new, fmt))
 
 
 class DenseTiles:

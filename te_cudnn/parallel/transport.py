@@ -23,7 +23,7 @@ from typing import Any, Generator, Optional, Sequence
 
 import torch
 
-__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "group_info", "AllToAll", "all_to_all"]
+__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all"]
 
 
 @dataclass
@@ -105,6 +105,22 @@ def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
                 for recv, send in zip(msg.recvs, src.sends):
                     recv.copy_(send)
         replies = [None] * cp
+
+
+def run_loopback(program: RankProgram) -> Any:
+    """Run one rank's program alone: every received tensor is a copy of the one it sends. The
+    rank allocates, computes and exchanges (as device copies) exactly what it would in a ring,
+    so its memory and compute can be measured on one GPU; the values are not a real ring's."""
+    reply = None
+    while True:
+        try:
+            msg = program.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(msg, Post):
+            for recv, send in zip(msg.recvs, msg.sends):
+                recv.copy_(send)
+        reply = None
 
 
 def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
