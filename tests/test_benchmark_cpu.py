@@ -391,3 +391,31 @@ def test_tools_bench_keeps_its_options() -> None:
     assert bench.translate(["--json", "b.json"]) == ["--quick", "--json", "b.json"]  # tools/run_gpu_suite.sh
     assert bench.translate(["--full"]) == []
     assert callable(bench.host_medians)  # tools/bench_ops.py imports it from here
+
+
+def test_interleaved_rounds_rotate_the_order():
+    from te_cudnn.benchmark.measure import interleaved
+
+    calls = []
+    samples = interleaved({n: (lambda n=n: calls.append(n) or 1.0) for n in "abc"}, 4)
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert {n: len(v) for n, v in samples.items()} == {"a": 4, "b": 4, "c": 4}
+
+
+def test_late_contenders_are_compared_within_their_own_rounds():
+    """An autotuned row carries the references timed beside it; its ratio uses them, not the
+    first phase's times, and the report lists the same-round ratios."""
+    from te_cudnn.benchmark.report import flat_rows, to_markdown
+
+    case = {"name": "c", "group": "llama", "training": True, "modes": ["fwd", "bwd", "fwd_bwd"], "description": "c"}
+    ok = dict(case="c", status="ok")
+    results = {"cases": [case], "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(ok, contender="torch SDPA cuDNN", fwd_ms=1.0, bwd_ms=2.0, fwd_bwd_ms=3.0),
+        dict(ok, contender="te_cudnn autotuned", fwd_ms=1.0, bwd_ms=2.0, fwd_bwd_ms=3.3,
+             same_phase={"torch SDPA cuDNN": {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.3},
+                         "cuDNN graph (hand-built)": {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}}),
+    ]}  # fmt: skip
+    rows = {r["contender"]: r for r in flat_rows(results)}
+    assert rows["te_cudnn autotuned"]["ratio_vs_sdpa_cudnn"] == 1.0  # 3.3 / 3.3 in the same rounds, not 3.3 / 3.0
+    text = to_markdown(results)
+    assert "Late contenders beside the others" in text and "cuDNN graph (hand-built) 1.1×" in text

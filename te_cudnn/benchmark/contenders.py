@@ -83,6 +83,9 @@ class Contender:
     subset_why = ""
     #: prepared and timed after the other contenders of a case (it changes state they share)
     runs_last = False
+    # False: nothing it does changes te_cudnn's plan cache, so it can be timed again beside the
+    # contenders that run last (their ratios then come from one interleaved phase)
+    shares_plan_cache = False
 
     def supports(self, case: Case) -> Optional[str]:
         return None

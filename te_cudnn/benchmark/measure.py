@@ -67,11 +67,15 @@ def graph_sampler(graph, reps: int) -> Callable[[], float]:
 
 
 def interleaved(samplers: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """``rounds`` samples of each sampler, taking them in turn in every round."""
+    """``rounds`` samples of each sampler, taking them in turn in every round. The order
+    rotates from round to round, so that no contender always runs first or right after the
+    same heavy neighbour (clock and power state then hit every contender alike)."""
     out: dict[str, list[float]] = {name: [] for name in samplers}
-    for _ in range(rounds):
-        for name, sample in samplers.items():
-            out[name].append(sample())
+    names = list(samplers)
+    for r in range(rounds):
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            out[name].append(samplers[name]())
     return out
 
 

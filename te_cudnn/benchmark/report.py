@@ -82,7 +82,9 @@ def flat_rows(results: dict) -> list[dict[str, Any]]:
         if r["status"] == "ok":
             head = headline(case)
             base = ref.get(r["case"])
-            row["ratio_vs_sdpa_cudnn"] = _div(r.get(f"{head}_ms"), base.get(f"{head}_ms")) if base else None
+            same = (r.get("same_phase") or {}).get(REFERENCE)  # timed beside it in one phase (late contenders)
+            base_ms = same.get(head) if same else (base.get(f"{head}_ms") if base else None)
+            row["ratio_vs_sdpa_cudnn"] = _div(r.get(f"{head}_ms"), base_ms)
             if case.get("training", True):
                 f, b = case.get("flops_fwd"), case.get("flops_bwd")
                 row["fwd_tflops"] = _div(f, _scale(r.get("fwd_ms"), 1e9))
@@ -297,6 +299,28 @@ def _thd_lines(flat: list[dict]) -> list[str]:
     return ["## Packed (THD) vs padded batch, te_cudnn", "", f"THD time / padded time: {ratios}", ""]
 
 
+def _same_phase_lines(raw: list[dict]) -> list[str]:
+    """Contenders timed after the others (autotuned: tuning replaces te_cudnn's plans) against the
+    contenders timed again beside them, in the same interleaved rounds."""
+    rows = []
+    for r in raw:
+        same = r.get("same_phase")
+        if r["status"] != "ok" or not same:
+            continue
+        for mode in MODES:
+            mine = r.get(f"{mode}_ms")
+            if mine is None:
+                continue
+            cells = [f"{n} {_num(_div(mine, t.get(mode)), 3)}×" for n, t in same.items() if t.get(mode)]
+            rows.append([r["case"], r["contender"], mode, _num(mine), "; ".join(cells)])
+    if not rows:
+        return []
+    return ["## Late contenders beside the others, same rounds", "",
+            "Autotuned contenders run after the rest (tuning replaces te_cudnn's cached plans); the contenders "
+            "that do not share those plans are timed again in the same interleaved rounds: time / theirs.", "",
+            *_table(["case", "contender", "mode", "ms", "ratio to (same rounds)"], rows), ""]
+
+
 def to_markdown(results: dict) -> str:
     flat = flat_rows(results)
     training = lambda c: c.get("training", True)  # noqa: E731
@@ -310,6 +334,7 @@ def to_markdown(results: dict) -> str:
             f"where a call takes over 20 ms or capture failed). (×) = time relative to {REFERENCE} on the same "
             f"case (below 1 is faster). — = not run (reasons below).", "",
             *_grid(results, flat, _time_cell(ratio=True)), ""]  # fmt: skip
+    out += _same_phase_lines(results.get("results", []))
     for mode, title in (("fwd", "Forward (ms)"), ("bwd", "Backward after a forward (ms)")):
         out += [f"## {title}", "", *_grid(results, flat, _time_cell(mode), only=training), ""]
     out += ["## Eager back-to-back calls, fwd+bwd (ms; decode: fwd)", "",

@@ -367,7 +367,11 @@ def run_case(case: Case, contenders: list[Contender], settings: Settings, deadli
         inputs = make_inputs(case)
         # contenders that change shared state (autotuning replaces te_cudnn's cached plans with
         # tuned ones) are prepared and timed after the others are done
-        for phase in ([c for c in eligible if not c.runs_last], [c for c in eligible if c.runs_last]):
+        last = [c for c in eligible if c.runs_last]
+        for number, phase in enumerate(([c for c in eligible if not c.runs_last], last)):
+            if number == 1 and last:  # the late contenders are timed beside the others that do not share te_cudnn's
+                # plans again (their own rows keep the first phase's times; the late rows get these as *_ref_ms)
+                again = {c.name: runs[c.name] for c in eligible if not c.shares_plan_cache and c.name in runs}
             for c in phase:
                 row = rows[c.name]
                 if time.monotonic() > deadline:
@@ -379,9 +383,20 @@ def run_case(case: Case, contenders: list[Contender], settings: Settings, deadli
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     _sync_quietly()
                     row.update(status="error", reason=_one_line(exc), traceback=traceback.format_exc(limit=6))
-            for mode in case.modes:
-                _time_mode(mode, runs, rows, settings)
-            runs.clear()
+            if number == 1 and last:
+                shadow = {n: {} for n in again}
+                runs.update(again)
+                for mode in case.modes:
+                    _time_mode(mode, runs, {**rows, **shadow}, settings)
+                for c in last:
+                    rows[c.name]["same_phase"] = {n: {m: v.get(f"{m}_ms") for m in case.modes} for n, v in shadow.items()}
+            else:
+                for mode in case.modes:
+                    _time_mode(mode, runs, rows, settings)
+            if number == 0 and last:
+                runs = {n: r for n, r in runs.items() if n in {c.name for c in eligible if not c.shares_plan_cache}}
+            else:
+                runs.clear()
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory making the inputs
         _sync_quietly()
         for c in eligible:

@@ -132,6 +132,8 @@ class TeCudnn(Contender):
     or choosing (None); ``fp8`` runs the FP8 cases' quantized inputs; ``autotune`` runs every
     call inside ``te_cudnn.plans.tune.autotuning(True)``."""
 
+    shares_plan_cache = True
+
     def __init__(self, name: str, key: str, backend: Optional[str], *, fp8: bool = False, autotune: bool = False,
                  env: Any = None):  # fmt: skip
         self.name, self.key, self.backend, self.fp8, self.autotune, self.env = name, key, backend, fp8, autotune, env
