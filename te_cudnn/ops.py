@@ -43,7 +43,7 @@ from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
-from .plans.split import chosen_split
+from .plans.split import chosen_split, part_slices, slice_operand
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
@@ -1108,31 +1108,26 @@ def _split_bwd(split: tuple[str, int], cfg: AttnConfig, call: dict[str, Any]) ->
     combined by their maximum."""
     dim, parts = split
     axes = _BH_AXES[layout_info(cfg.layout).q_format]
-
-    def cut(t: torch.Tensor, i: int, axis_pair: tuple[int, int]) -> torch.Tensor:
-        axis = axis_pair[0] if dim == "batch" else axis_pair[1]
-        n = t.shape[axis] // parts
-        return t.narrow(axis, i * n, n)
-
+    sizes = (cfg.b, cfg.h, cfg.hg)
     q, k, v = call["q"], call["k"], call["v"]
     grads = alloc_qkv_grads(cfg.layout, q, k, v, dtype=cfg.do_dtype)
     tables = {name: call[name] for name in ("amax_dp", "amax_dqkv") if call[name] is not None}
     seen: dict[str, list[torch.Tensor]] = {name: [] for name in tables}
-    for i in range(parts):
-        part = dict(call, **{name: cut(call[name], i, axes) for name in ("q", "k", "v", "o", "d_o")})
+    for i, ((start, count), _) in enumerate(part_slices(dim, parts, cfg.b)):
+        part = dict(call, **{name: slice_operand(call[name], dim, i, parts, sizes, axes)
+                             for name in ("q", "k", "v", "o", "d_o")})  # fmt: skip
         aux = call["aux_ctx_tensors"]
-        part["aux_ctx_tensors"] = [cut(aux[0], i, (0, 1)), *aux[1:]]
-        if dim == "batch":  # the part's sequences: [b / parts + 1] entries whose differences are its lengths
-            n = cfg.b // parts
+        part["aux_ctx_tensors"] = [slice_operand(aux[0], dim, i, parts, sizes, (0, 1)), *aux[1:]]
+        if count != cfg.b:  # the part's sequences: [count + 1] entries whose differences are its lengths
             for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
                 if call[name] is not None:
-                    part[name] = call[name].narrow(0, i * n, n + 1)
+                    part[name] = call[name].narrow(0, start, count + 1)
         for name, table in tables.items():
             part[name] = torch.zeros_like(table)
             seen[name].append(part[name].narrow(0, call[name + "_offset"], 1))
         got = fused_attn_bwd(**part, _split=False)
         for full, g in zip(grads, got[:3]):
-            cut(full, i, axes).copy_(g)
+            slice_operand(full, dim, i, parts, sizes, axes).copy_(g)
     for name, table in tables.items():
         torch.amax(torch.cat(seen[name]), dim=0, keepdim=True, out=table.narrow(0, call[name + "_offset"], 1))
     return [*grads, None, None]

@@ -366,7 +366,8 @@ def test_tuned_plan_in_a_cuda_graph(store_env) -> None:
 @pytest.mark.fp8
 @pytest.mark.parametrize("mask", ["causal", "padding_causal"])
 @pytest.mark.parametrize("b,h,hg,split", [(2, 8, 4, ("batch", 2)), (4, 8, 4, ("batch", 4)), (1, 8, 4, ("heads", 2)),
-                                          (1, 8, 4, ("heads", 4))])  # fmt: skip
+                                          (1, 8, 4, ("heads", 4)), (2, 8, 4, ("batch_heads", 4)),
+                                          (2, 8, 4, ("batch_heads", 8))])  # fmt: skip
 def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, split, mask) -> None:
     """The split path (as a tuning record chooses it) gives the whole call's gradients and
     amaxes: zero-copy views of the batch or of whole GQA head groups, results in place."""

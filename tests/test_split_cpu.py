@@ -20,9 +20,10 @@ class _Cfg:
 
 
 def test_split_choices_batch_first_then_head_groups():
-    assert split_choices(_Cfg(2, 32, 32)) == [("batch", 2)]
-    assert split_choices(_Cfg(4, 32, 8)) == [("batch", 2), ("batch", 4)]
-    assert split_choices(_Cfg(3, 32, 8)) == []  # odd batch: no batch split, and b > 1 keeps heads whole
+    assert split_choices(_Cfg(2, 32, 32)) == [("batch", 2), ("batch_heads", 4), ("batch_heads", 8)]
+    assert split_choices(_Cfg(4, 32, 8)) == [("batch", 2), ("batch", 4), ("batch_heads", 8), ("batch_heads", 16)]
+    assert split_choices(_Cfg(3, 32, 8)) == [("batch_heads", 6), ("batch_heads", 12)]  # one sequence per part
+    assert split_choices(_Cfg(8, 32, 8)) == [("batch", 2), ("batch", 4)]  # more sequences: batch parts only
     assert split_choices(_Cfg(1, 64, 8)) == [("heads", 2), ("heads", 4)]
     assert split_choices(_Cfg(1, 64, 1)) == []  # MQA: one key/value head cannot be split
 
@@ -41,10 +42,18 @@ def test_split_config_and_operand_views_are_zero_copy():
     q = torch.zeros(2, 32, 64, 16)  # BHSD operands as a graph declares them
     k = torch.zeros(2, 8, 64, 16)
     scalar = torch.zeros(1, 1, 1, 1)
-    halves = [slice_operand(q, "batch", i, 2, (2, 2), (0, 1)) for i in range(2)]
+    sizes = (2, 32, 8)
+    halves = [slice_operand(q, "batch", i, 2, sizes, (0, 1)) for i in range(2)]
     assert all(h.shape == (1, 32, 64, 16) and h.data_ptr() == q[i:].data_ptr() for i, h in enumerate(halves))
-    assert slice_operand(k, "heads", 1, 4, (32, 8), (0, 1)).shape == (2, 2, 64, 16)
-    assert slice_operand(scalar, "batch", 1, 2, (2, 2), (0, 1)) is scalar
+    assert slice_operand(k, "heads", 1, 4, sizes, (0, 1)).shape == (2, 2, 64, 16)
+    assert slice_operand(scalar, "batch", 1, 2, sizes, (0, 1)) is scalar
+    # batch_heads, 4 parts of b=2 (2 head groups each): part 3 is sequence 1, second head group
+    part = slice_operand(q, "batch_heads", 3, 4, sizes, (0, 1))
+    assert part.shape == (1, 16, 64, 16) and part.data_ptr() == q[1, 16:].data_ptr()
+    assert slice_operand(k, "batch_heads", 3, 4, sizes, (0, 1)).data_ptr() == k[1, 4:].data_ptr()
+    stats = torch.zeros(2, 32, 64, 1)
+    assert slice_operand(stats, "batch_heads", 2, 4, sizes, (0, 1)).is_contiguous()
+    assert split_config(replace(cfg, b=2), "batch_heads", 4) == replace(cfg, b=1, h=16, hg=4)
 
 
 def test_measure_splits_records_times_and_keeps_the_whole_call_unless_faster():
@@ -63,12 +72,12 @@ def test_measure_splits_records_times_and_keeps_the_whole_call_unless_faster():
     def agree(uid, got, ref):
         return None if torch.equal(got, ref) else "differs"
 
-    times = iter([3.0, 5.0])  # batch/2: 3 ms, batch/4: 5 ms
+    times = iter([3.0, 5.0, 6.0, 7.0])  # batch/2, batch/4, batch_heads/8, batch_heads/16
     rec = measure_splits(Key, 4.0, ops, want, lambda cfg: ("plan", cfg.b), run, agree, lambda fn: next(times), 1.01)
     assert rec["chosen"] == ["batch", 2] and rec["whole_ms"] == 4.0
-    assert [c["parts"] for c in rec["candidates"]] == [2, 4] and rec["candidates"][0]["median_ms"] == 3.0
+    assert [c["parts"] for c in rec["candidates"]] == [2, 4, 8, 16] and rec["candidates"][0]["median_ms"] == 3.0
     assert ("plan", 2) in runs and ("plan", 1) in runs
-    times = iter([4.5, 5.0])
+    times = iter([4.5, 5.0, 4.2, 6.0])
     assert measure_splits(Key, 4.0, ops, want, lambda c: None, run, agree, lambda fn: next(times), 1.01)["chosen"] is None
 
 

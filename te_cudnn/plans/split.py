@@ -21,7 +21,8 @@ import logging
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["PARTS", "splittable", "split_choices", "split_config", "slice_operand", "measure_splits", "chosen_split"]
+__all__ = ["PARTS", "splittable", "split_choices", "split_config", "part_slices", "slice_operand", "measure_splits",
+           "chosen_split"]
 
 _log = logging.getLogger("te_cudnn")
 
@@ -40,28 +41,49 @@ def splittable(key: Any) -> bool:
 
 
 def split_choices(cfg: Any) -> list[tuple[str, int]]:
-    """``(dim, parts)`` pairs a configuration can be cut into: batch halves/quarters, or for one
-    sequence whole GQA head groups (stats stay contiguous only when ``b == 1``)."""
-    if cfg.b > 1:
-        return [("batch", n) for n in PARTS if cfg.b % n == 0]
-    return [("heads", n) for n in PARTS if cfg.hg % n == 0 and cfg.h % n == 0]
+    """``(dim, parts)`` a configuration can be cut into: batch halves/quarters; whole GQA head
+    groups of one sequence (``heads``; the stats stay contiguous only when ``b == 1``); and for a
+    few sequences both (``batch_heads``: one sequence per part, its heads in 2 or 4 groups)."""
+    heads = [m for m in PARTS if cfg.hg % m == 0 and cfg.h % m == 0]
+    if cfg.b == 1:
+        return [("heads", m) for m in heads]
+    return [("batch", n) for n in PARTS if cfg.b % n == 0] + [("batch_heads", cfg.b * m) for m in heads if cfg.b <= 4]
+
+
+def head_groups(cfg_b: int, dim: str, parts: int) -> int:
+    """How many head groups each sequence is cut into."""
+    return 1 if dim == "batch" else parts if dim == "heads" else parts // cfg_b
 
 
 def split_config(cfg: Any, dim: str, parts: int) -> Any:
     """The configuration of one part (strides are unchanged: the parts are views)."""
     if dim == "batch":
         return replace(cfg, b=cfg.b // parts)
-    return replace(cfg, h=cfg.h // parts, hg=cfg.hg // parts)
+    m = head_groups(cfg.b, dim, parts)
+    return replace(cfg, b=1 if dim == "batch_heads" else cfg.b, h=cfg.h // m, hg=cfg.hg // m)
 
 
-def slice_operand(t: Any, dim: str, index: int, parts: int, sizes: tuple[int, int], bhsd_dims: tuple[int, int]) -> Any:
-    """Part ``index`` of operand ``t``: along its batch dim, or its head dim when that holds
-    ``h`` or ``hg`` heads (``sizes``); scalars and tensors without the dim are shared."""
-    axis = bhsd_dims[0] if dim == "batch" else bhsd_dims[1]
-    if t is None or t.dim() <= axis or t.shape[axis] not in sizes or t.shape[axis] == 1:
+def part_slices(dim: str, parts: int, b: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Per part: ``((batch start, batch count), (head group, head groups))``; a head group is
+    ``h / groups`` query heads with their ``hg / groups`` key/value heads."""
+    m = head_groups(b, dim, parts)
+    per = b // parts if dim == "batch" else (1 if dim == "batch_heads" else b)
+    return [(((i // m) * per, per), (i % m, m)) for i in range(parts)]
+
+
+def slice_operand(t: Any, dim: str, index: int, parts: int, sizes: tuple[int, int, int], axes: tuple[int, int]) -> Any:
+    """Part ``index`` of operand ``t`` (batch dim ``axes[0]``, head dim ``axes[1]``; ``sizes`` =
+    ``(b, h, hg)``): a view; tensors without those dims (the scalars) are shared."""
+    if t is None:
         return t
-    n = t.shape[axis] // parts
-    return t.narrow(axis, index * n, n)
+    b = sizes[0]
+    (start, count), (g, groups) = part_slices(dim, parts, b)[index]
+    if count != b and t.dim() > axes[0] and t.shape[axes[0]] == b:
+        t = t.narrow(axes[0], start, count)
+    if groups > 1 and t.dim() > axes[1] and t.shape[axes[1]] in sizes[1:] and t.shape[axes[1]] > 1:
+        n = t.shape[axes[1]] // groups
+        t = t.narrow(axes[1], g * n, n)
+    return t
 
 
 def chosen_split(record: Optional[dict]) -> Optional[tuple[str, int]]:
@@ -91,7 +113,7 @@ def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part:
         entry: dict[str, Any] = {"dim": dim, "parts": parts}
         try:
             plan = build_part(split_config(cfg, dim, parts))
-            sizes = (cfg.b, cfg.b) if dim == "batch" else (cfg.h, cfg.hg)
+            sizes = (cfg.b, cfg.h, cfg.hg)
             views = [{uid: slice_operand(t, dim, i, parts, sizes, (0, 1)) for uid, t in ops.items()}
                      for i in range(parts)]  # fmt: skip
             for uid in want:
