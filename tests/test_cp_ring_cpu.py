@@ -292,3 +292,47 @@ def test_ring_rank_alone_allocates_and_computes_one_ranks_share(math_kernels):
     same = [[t.detach().clone().requires_grad_() for _ in range(4)] for t in (q, k, v)]
     ring = simulate_context_parallel(*same, "p2p", qkv_format="bshd", attn_mask_type="causal")
     assert torch.equal(ring[1], out.detach())
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(cp=st.integers(1, 4), comm=st.sampled_from(["p2p", "a2a"]), fmt=st.sampled_from(["bshd", "sbhd"]),
+       mask=st.sampled_from(["causal", "no_mask"] * 3 + ["padding", "causal_bottom_right"]),
+       s_local=st.sampled_from([2, 4, 6, 2, 4, 1, 3]),
+       h=st.sampled_from([1, 2, 3, 4]), group=st.sampled_from([1, 2]), d=st.sampled_from([8, 16]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16] * 2 + [torch.float32]),
+       window=st.sampled_from([None, None, (-1, -1), (-1, 0), (4, 0)]))  # fmt: skip
+def test_every_call_runs_or_declines_with_a_reason(cp, comm, fmt, mask, s_local, h, group, d, dtype, window):
+    """Random context-parallel calls (fp32 stand-in kernels): each one either raises
+    UnsupportedConfigError / ValueError / TypeError with a message before any exchange, or runs
+    and gives the full attention's output (p2p) or finite outputs of the right shape (a2a)."""
+    hg = h // group if h % group == 0 else h
+    seq = s_local * cp
+    full_shape = lambda n: (2, seq, n, d) if fmt == "bshd" else (seq, 2, n, d)  # noqa: E731
+    full = [torch.randn(full_shape(n)).to(dtype) for n in (h, hg, hg)]
+    dim = 1 if fmt == "bshd" else 0
+    if s_local % 2 == 0:
+        parts = [[shard(x, cp, r, fmt) for r in range(cp)] for x in full]
+    else:  # not a dual-chunk split (the call declines): plain pieces of the right local shape
+        parts = [list(x.chunk(cp, dim)) for x in full]
+    import te_cudnn.parallel.api as api_mod
+
+    saved = ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = _math_fwd, _math_bwd, _math_attend
+    try:
+        outs = simulate_context_parallel(*parts, comm, qkv_format=fmt, attn_mask_type=mask, window_size=window)
+    except (UnsupportedConfigError, ValueError, TypeError) as exc:
+        assert str(exc)  # a reason, never an empty message
+        return
+    finally:
+        ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = saved
+    assert mask in ("causal", "no_mask") and dtype != torch.float32 and s_local % 2 == 0
+    assert len(outs) == cp and all(o.shape == parts[0][0].shape and o.dtype == dtype for o in outs)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    if comm == "p2p":
+        want = _full_reference(*full, torch.zeros_like(full[0]), mask, fmt)[0]
+        err = (unshard(outs, fmt).double() - want).abs().max().item()
+        assert err <= 2e-2 * max(1.0, want.abs().max().item()), err
