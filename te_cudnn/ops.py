@@ -445,6 +445,10 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     slot = (device.index, _current_raw_stream(device.index))
     ws = _workspaces.get(slot)
     if ws is None or ws.numel() < nbytes:
+        # free the smaller buffer first (work queued on this stream keeps its order): the peak is
+        # the larger buffer, not both (calls alternating between plans of growing workspace)
+        ws = _workspaces.pop(slot, None)
+        ws = None
         ws = _workspaces[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
     return ws
 
@@ -547,6 +551,8 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
     if nbytes <= entry[3] and (nbytes == 0 or not _is_capturing()):  # workspace-free plans never touch it
         ws, ws_ptr = entry[2], entry[4]
     else:
+        if nbytes > entry[3] and not _is_capturing():  # growing: let go of the smaller buffer first
+            entry[2], entry[3] = None, -1
         ws = _workspace(nbytes, device)  # during capture: a fresh buffer from the graph's pool
         ws_ptr = _data_ptr(ws)
         if not _is_capturing():

@@ -235,3 +235,36 @@ def test_head_dim_cudnn_cannot_take_is_reported_as_the_head_dim():
         tc.fused_attn_fwd(True, 64, 64, None, None, q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd",
                           attn_mask_type="causal")  # fmt: skip
     assert tc.plan_cache.stats().misses == before.misses
+
+
+# ------------------------------------------------------------------ workspace growth
+
+
+def test_a_growing_workspace_never_holds_both_buffers():
+    """Backward calls of growing workspace (a context-parallel ring alternates such plans): the
+    smaller buffer is let go before the larger one is allocated, so the peak is the larger one."""
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
+    tc.release_workspaces()
+    calls = []
+    for s in (1024, 4096):  # the second backward needs a 4x larger workspace
+        q, k, v = make_qkv(QKVLayout.bshd_bshd_bshd, 1, 16, 16, s, s, 128)
+        out, aux = tc.fused_attn_fwd(True, s, s, None, None, q, k, v, q.dtype, None, **kw)
+        calls.append((s, q, k, v, out, aux))
+    for s, q, k, v, out, aux in calls:  # build both plans; the workspace ends at the larger size
+        tc.fused_attn_bwd(s, s, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
+    torch.cuda.synchronize()
+    big = max(t.numel() for t in ops._workspaces.values())
+    tc.release_workspaces()
+    s, q, k, v, out, aux = calls[0]
+    tc.fused_attn_bwd(s, s, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)  # the smaller workspace
+    torch.cuda.synchronize()
+    small = max(t.numel() for t in ops._workspaces.values())
+    assert small < big
+    base = torch.cuda.memory_allocated()  # includes the smaller workspace
+    torch.cuda.reset_peak_memory_stats()
+    s, q, k, v, out, aux = calls[1]
+    grads = tc.fused_attn_bwd(s, s, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)  # grows it
+    torch.cuda.synchronize()
+    results = sum(g.numel() * g.element_size() for g in grads[:3])
+    peak = torch.cuda.max_memory_allocated() - base  # the larger workspace replaces the smaller one
+    assert peak <= big - small + results + (1 << 20), (peak, big, small, results)
