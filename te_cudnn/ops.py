@@ -43,7 +43,8 @@ from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
-from .plans.split import chosen_split, part_slices, slice_operand
+from .plans.split import chosen_split, slice_operand, split_config
+from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
@@ -87,6 +88,7 @@ class _Prepared:
     cu_len: Optional[int] = None  # varlen: the length every cu_seqlens* must have (None: THD, varies per call)
     runtime_kind: tuple = ()  # varlen: what the runtime buffers depend on besides the cu_seqlens (cache key)
     plan: Optional[CompiledPlan] = None
+    split_plan: Optional[tuple] = None  # FP8 backward run in parts: ((dim, parts), the parts' plan)
 
     def get_plan(self) -> CompiledPlan:
         """The cached plan: a hit when still cached, a lookup or build after eviction."""
@@ -999,7 +1001,6 @@ def fused_attn_bwd(
     cuda_graph: bool = False,
     *,
     _prepared: Optional[list] = None,
-    _split: bool = True,
 ) -> list[Optional[torch.Tensor]]:
     """Fused attention backward (TransformerEngine 2.x's ``fused_attn_bwd``).
 
@@ -1054,9 +1055,9 @@ def fused_attn_bwd(
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
-    split = chosen_split(plan.tuning) if prep.fp8 and _split else None
+    split = chosen_split(plan.tuning) if prep.fp8 else None
     if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
-        return _split_bwd(split, cfg, {name: value for name, value in locals().items() if name in _BWD_PARAMS})
+        return _split_bwd(prep, split, {name: value for name, value in locals().items() if name in _BWD_PARAMS})
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
     if prep.softmax_aux:
         return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
@@ -1102,41 +1103,65 @@ def fused_attn_bwd(
 
 
 #: fused_attn_bwd's parameters (what a split call passes on to its parts).
-_BWD_PARAMS = frozenset(inspect.signature(fused_attn_bwd).parameters) - {"_prepared", "_split"}
+_BWD_PARAMS = frozenset(inspect.signature(fused_attn_bwd).parameters) - {"_prepared"}
 #: (batch axis, head axis) of q/k/v/o/dO per format; the softmax stats are [b, h, s, 1].
 _BH_AXES = {QKVFormat.bshd: (0, 2), QKVFormat.sbhd: (1, 2), QKVFormat.bhsd: (0, 1)}
 
 
-def _split_bwd(split: tuple[str, int], cfg: AttnConfig, call: dict[str, Any]) -> list[Optional[torch.Tensor]]:
-    """The backward as ``parts`` calls over zero-copy views of the batch or of whole GQA head
-    groups, as the autotuner measured and recorded (te_cudnn.plans.split): each part writes
-    its gradients into views of results in the layout's own strides, and its own amax slots,
-    combined by their maximum."""
+def _split_bwd(prep: _Prepared, split: tuple[str, int], call: dict[str, Any]) -> list[Optional[torch.Tensor]]:
+    """The backward as ``parts`` launches over zero-copy views of the batch or of whole GQA head
+    groups, as the autotuner measured and recorded (te_cudnn.plans.split). One plan serves every
+    part: its configuration keeps the full tensors' strides, so each part reads views of q, k,
+    v, O, dO and the stats and writes its gradients straight into views of the full dQ, dK, dV
+    (no copies). Each part writes its own amaxes into a scratch row; their maximum goes to the
+    caller's ``amax_dp`` / ``amax_dqkv`` slots."""
+    cfg = prep.cfg
     dim, parts = split
+    plan = _part_plan(prep, split)
     axes = _BH_AXES[layout_info(cfg.layout).q_format]
     sizes = (cfg.b, cfg.h, cfg.hg)
-    q, k, v = call["q"], call["k"], call["v"]
-    grads = alloc_qkv_grads(cfg.layout, q, k, v, dtype=cfg.do_dtype)
-    tables = {name: call[name] for name in ("amax_dp", "amax_dqkv") if call[name] is not None}
-    seen: dict[str, list[torch.Tensor]] = {name: [] for name in tables}
-    for i, ((start, count), _) in enumerate(part_slices(dim, parts, cfg.b)):
-        part = dict(call, **{name: slice_operand(call[name], dim, i, parts, sizes, axes)
-                             for name in ("q", "k", "v", "o", "d_o")})  # fmt: skip
-        aux = call["aux_ctx_tensors"]
-        part["aux_ctx_tensors"] = [slice_operand(aux[0], dim, i, parts, sizes, (0, 1)), *aux[1:]]
-        if count != cfg.b:  # the part's sequences: [count + 1] entries whose differences are its lengths
-            for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
-                if call[name] is not None:
-                    part[name] = call[name].narrow(0, start, count + 1)
-        for name, table in tables.items():
-            part[name] = torch.zeros_like(table)
-            seen[name].append(part[name].narrow(0, call[name + "_offset"], 1))
-        got = fused_attn_bwd(**part, _split=False)
-        for full, g in zip(grads, got[:3]):
-            slice_operand(full, dim, i, parts, sizes, axes).copy_(g)
-    for name, table in tables.items():
-        torch.amax(torch.cat(seen[name]), dim=0, keepdim=True, out=table.narrow(0, call[name + "_offset"], 1))
+    q, k, v, o, d_o = call["q"], call["k"], call["v"], call["o"], call["d_o"]
+    stats = call["aux_ctx_tensors"][0]
+    grads = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)  # padding rows stay zero
+    amax = torch.empty((parts, 4, 1, 1, 1), dtype=torch.float32, device=prep.device)  # per part: dQ, dK, dV, dP
+    scales = [call[name] for name in _FP8_BWD_SCALES]
+    lens = () if not prep.varlen else _cached_runtime_buffers(  # per-sequence lengths [b, 1, 1, 1]: sliced too
+        prep, call["cu_seqlens_q"], call["cu_seqlens_kv"], call["cu_seqlens_q_padded"], call["cu_seqlens_kv_padded"])
+    for i in range(parts):
+        views = [slice_operand(t, dim, i, parts, sizes, axes) for t in (q, k, v, o)]
+        views.append(slice_operand(stats, dim, i, parts, sizes, (0, 1)))
+        views += [slice_operand(t, dim, i, parts, sizes, axes) for t in (d_o, *grads)]
+        views += fp8_bwd_operands(amax[i, :3], *scales, amax[i, 3].view(1), 0)
+        views += [slice_operand(t, dim, i, parts, sizes, (0, 1)) for t in lens]
+        _execute(plan, views, prep.device)
+    torch.amax(amax[:, :3].reshape(3 * parts, 1), dim=0, out=call["amax_dqkv"].narrow(0, call["amax_dqkv_offset"], 1))
+    torch.amax(amax[:, 3].reshape(parts, 1), dim=0, out=call["amax_dp"].narrow(0, call["amax_dp_offset"], 1))
     return [*grads, None, None]
+
+
+#: fp8_bwd_operands' scale arguments (after amax3, before amax_dp), by fused_attn_bwd's names.
+_FP8_BWD_SCALES = ("d_scale_qkv", "d_scale_qkv_offset", "d_scale_o", "d_scale_o_offset", "d_scale_do",
+                   "d_scale_do_offset", "d_scale_s", "d_scale_s_offset", "d_scale_dp", "d_scale_dp_offset",
+                   "q_scale_s", "q_scale_s_offset", "q_scale_dqkv", "q_scale_dqkv_offset", "q_scale_dp",
+                   "q_scale_dp_offset")  # fmt: skip
+
+
+def _part_plan(prep: _Prepared, split: tuple[str, int]) -> CompiledPlan:
+    """The plan of one part of a split backward (``split_config``: the part's sizes, the full
+    tensors' strides), through the plan cache and store like any plan; never tuned itself (the
+    whole call's tuning chose this split)."""
+    held = prep.split_plan
+    if held is not None and held[0] == split and plan_cache.hit(held[1]):
+        return held[1]
+    if _is_capturing():
+        raise CaptureMissError(f"the split backward plan for {prep.cfg.summary()} is not in the plan cache")
+    part_cfg = split_config(prep.cfg, *split)
+    key = replace(prep.key, config=part_cfg)
+    backend, device = prep.backend, prep.device.index
+    with torch.cuda.device(device), autotuning(False):
+        plan = plan_cache.get_or_build(key, lambda: backend.build(part_cfg, key.direction, handle_for(device)))
+    prep.split_plan = (split, plan)
+    return plan
 
 
 def _sink_grad(cfg: AttnConfig, o: torch.Tensor, d_o: torch.Tensor, stats: torch.Tensor, sink: torch.Tensor,

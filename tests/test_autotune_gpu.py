@@ -393,7 +393,7 @@ def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, spl
     calls = []
     real = ops_mod._split_bwd
     monkeypatch.setattr(ops_mod, "chosen_split", lambda record: split)
-    monkeypatch.setattr(ops_mod, "_split_bwd", lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setattr(ops_mod, "_split_bwd", lambda *a: calls.append(a[1]) or real(*a))
     parts, meta_parts = run()
     assert calls == [split]
     for name, x, y in zip(("dq", "dk", "dv"), parts, whole):

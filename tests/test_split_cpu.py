@@ -103,3 +103,55 @@ def test_record_round_trip_keeps_the_split():
     assert TuningResult.from_record(record).split == split
     assert chosen_split({"version": 1}) is None and chosen_split(None) is None
     assert chosen_split(TuningResult([t], t, t).to_record()) is None
+
+
+def test_measure_splits_times_the_whole_call_beside_the_splits_in_rotating_rounds():
+    """With ``whole``, the whole call is timed again in the same rounds as the splits; the order
+    rotates every round and each contender's time is its median over the rounds."""
+
+    class Key:
+        config = _Cfg(2, 3, 3)  # one choice: batch halves
+
+    ops = {1: torch.arange(2.0).view(2, 1, 1, 1), 10: torch.zeros(2, 1, 1, 1)}
+    want = {10: ops[1].clone()}
+
+    def run(plan, part):
+        part[10].copy_(part[1])
+
+    order: list[str] = []
+    whole_times = iter([9.0, 5.0, 5.5])  # the whole call drifts: only the same-round medians count
+    split_times = {("batch", 2): iter([4.0, 6.0, 5.2])}
+
+    def whole():
+        order.append("whole")
+
+    def time_ms(fn):
+        if fn is whole:
+            fn()
+            return next(whole_times)
+        order.append("split")
+        return next(split_times[("batch", 2)])
+
+    rec = measure_splits(Key, 1.0, ops, want, lambda cfg: None, run, lambda uid, g, w: None if torch.equal(g, w) else "x",
+                         time_ms, 1.01, whole=whole, rounds=3)  # fmt: skip
+    assert order == ["whole", "split", "split", "whole", "whole", "split"]  # rotated each round
+    assert rec["rounds"] == 3 and rec["whole_ms"] == 5.5 and rec["candidates"][0]["median_ms"] == 5.2
+    assert rec["chosen"] == ["batch", 2]  # 5.2 * 1.01 <= 5.5 (the stale whole_ms=1.0 passed in is not used)
+
+
+def test_splittable_excludes_dropout_and_sinks():
+    from te_cudnn.config import describe_shapes
+    from te_cudnn.enums import FusedAttnBackend
+    from te_cudnn.plans.key import Direction, make_key
+    from te_cudnn.plans.split import splittable
+
+    def key(**kw):
+        cfg = describe_shapes(is_training=True, dtype=torch.float8_e4m3fn, qkv_layout="bshd_bshd_bshd",
+                              attn_bias_type="no_bias", attn_mask_type="causal", num_attn_heads=32, num_gqa_groups=32,
+                              max_seqlen_q=1024, max_seqlen_kv=1024, head_dim_qk=128, head_dim_v=128,
+                              window_size=(-1, 0), batch_size=2, **kw)  # fmt: skip
+        return make_key(FusedAttnBackend.FP8, Direction.BWD, cfg, 91900, "1.32.0")
+
+    assert splittable(key(dropout=0.0, softmax_type="vanilla"))
+    assert not splittable(key(dropout=0.1, softmax_type="vanilla"))
+    assert not splittable(key(dropout=0.0, softmax_type="learnable"))

@@ -9,7 +9,10 @@ the contenders (:mod:`.contenders`) decide whether and how they run it. Groups:
 * ``thd``: one packed batch of mixed-length sequences (THD, padding_causal), and the same
   sequences padded to a dense bshd batch.
 * ``decode``: one new token per sequence (s_q = 1, b = 8) against a paged KV cache of
-  4K..32K tokens per sequence (inference; measured as KV-cache read bandwidth).
+  4K..32K tokens per sequence (inference; measured as KV-cache read bandwidth); the page pools
+  token-major as TransformerEngine keeps them (``[pages, page_size, hg, d]``) and, at 8K and
+  32K, head-major (``_hnd``: each page ``[hg, page_size, d]`` in memory, FlashInfer's HND
+  order; te_cudnn reads the same logical ``[pages, page_size, hg, d]`` view through its strides).
 * ``fp8``: training shapes where te_cudnn's FP8 sub-backend runs E4M3/E5M2 and every other
   contender runs bf16 on the same values.
 * ``memory``: a 64K-token causal sequence, for peak memory against what must be held.
@@ -68,6 +71,7 @@ class Case:
     training: bool = True
     lengths: tuple[int, ...] = ()
     page_size: int = 0
+    pool_format: str = "bshd"  # paged: memory order of the page pools, "bshd" (token-major) or "bhsd" (head-major)
     only: tuple[str, ...] = ()
     note: str = ""
 
@@ -138,7 +142,8 @@ class Case:
     def describe(self) -> str:
         """``b=2 h=32/4 d=128 s=8192 causal bf16`` (heads as h/hg)."""
         if self.is_paged:
-            shape = f"b={self.b} h={self.h}/{self.hg} d={self.d} sq={self.sq} kv={self.skv} (pages of {self.page_size})"
+            order = "" if self.pool_format == "bshd" else f", {self.pool_format} in memory"
+            shape = f"b={self.b} h={self.h}/{self.hg} d={self.d} sq={self.sq} kv={self.skv} (pages of {self.page_size}{order})"
         elif self.lengths:
             shape = f"{len(self.lengths)} seqs, {self.tokens} tokens (max {self.sq}) h={self.h}/{self.hg} d={self.d}"
         else:
@@ -204,6 +209,11 @@ def _decode_cases() -> list[Case]:
         Case(f"decode_kv{s // 1024}k", "decode", 8, 32, 8, 128, 1, s, "padding", layout="paged_kv_bshd_bshd_bshd",
              training=False, page_size=64, note="one token per sequence, paged KV cache")  # fmt: skip
         for s in (4096, 8192, 16384, 32768)
+    ] + [
+        Case(f"decode_kv{s // 1024}k_hnd", "decode", 8, 32, 8, 128, 1, s, "padding", layout="paged_kv_bshd_bshd_bshd",
+             training=False, page_size=64, pool_format="bhsd",
+             note="the same pages head-major in memory (each page [hg, page_size, d])")  # fmt: skip
+        for s in (8192, 32768)
     ]
 
 

@@ -139,7 +139,10 @@ def make_inputs(case: Case, *, device: str | torch.device = "cuda", seed: int = 
     if c.is_paged:
         pages = c.pages_per_seq
         num_pages = c.b * pages
-        k, v = rand(num_pages, c.page_size, c.hg, c.d), rand(num_pages, c.page_size, c.hg, c.d)
+        if c.pool_format == "bhsd":  # head-major pages, seen as [pages, page_size, hg, d] through strides
+            k, v = (rand(num_pages, c.hg, c.page_size, c.d).transpose(1, 2) for _ in range(2))
+        else:
+            k, v = rand(num_pages, c.page_size, c.hg, c.d), rand(num_pages, c.page_size, c.hg, c.d)
         cpu_gen = torch.Generator().manual_seed(seed)
         table = torch.randperm(num_pages, generator=cpu_gen).view(c.b, pages).to(torch.int32).to(device)
         return Inputs(c, rand(c.b, c.sq, c.h, c.d), k, v, None, _cu([c.sq] * c.b, device), _cu([c.skv] * c.b, device),

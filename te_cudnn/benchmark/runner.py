@@ -215,6 +215,9 @@ def _new_plans(before: set[int]) -> dict[str, Any]:
         if isinstance(tuning, dict):
             sp = tuning.get("speedup")
             tuned = ", tuned" + (f" {sp:.3f}x the heuristic plan" if isinstance(sp, (int, float)) else "")
+            split = tuning.get("split")
+            if isinstance(split, dict) and split.get("chosen"):  # an FP8 backward run in parts
+                tuned += f", runs as {split['chosen'][1]} parts ({split['chosen'][0]})"
         desc.append(f"{direction} {p.plan_name} ({'loaded' if p.source == 'store' else 'built'} "
                     f"{p.build_seconds * 1e3:.0f} ms, ws {p.workspace_size / 2**20:.1f} MiB{tuned})")  # fmt: skip
     return {"build_ms": sum(p.build_seconds for p in built) * 1e3 if built else 0.0,

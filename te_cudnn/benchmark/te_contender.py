@@ -42,6 +42,8 @@ def _explain_reasons(case: Case, dtype: torch.dtype, env: Any) -> dict[str, list
     pages = case.pages_per_seq
     q = torch.empty(case.b, case.sq, case.h, case.d, dtype=dtype, device=meta)
     pool = torch.empty(case.b * pages, case.page_size, case.hg, case.d, dtype=dtype, device=meta)
+    if case.pool_format == "bhsd":
+        pool = torch.empty(case.b * pages, case.hg, case.page_size, case.d, dtype=dtype, device=meta).transpose(1, 2)
     table = torch.empty(case.b, pages, dtype=torch.int32, device=meta)
     cu = torch.empty(case.b + 1, dtype=torch.int32, device=meta)
     cfg = describe_fwd(is_training=case.training, max_seqlen_q=case.sq, max_seqlen_kv=case.skv, cu_seqlens_q=cu,

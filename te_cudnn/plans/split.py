@@ -18,6 +18,7 @@ full results in the layout's own strides, and the amax outputs combine by their 
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
@@ -31,13 +32,14 @@ PARTS = (2, 4)
 
 
 def splittable(key: Any) -> bool:
-    """FP8 backward keys of dense layouts (the only measured cliff)."""
+    """FP8 backward keys of dense layouts (the only measured cliff), without dropout (a part's
+    Philox stream would differ from the whole call's) or a sink (its gradient sums over the batch)."""
     from ..enums import FusedAttnBackend  # noqa: PLC0415
     from .key import Direction  # noqa: PLC0415
 
     cfg = key.config
     return (key.backend == FusedAttnBackend.FP8 and key.direction == Direction.BWD and not cfg.is_ragged
-            and cfg.paged is None and not cfg.empty)  # fmt: skip
+            and cfg.paged is None and not cfg.empty and not cfg.has_dropout and not cfg.has_sink)  # fmt: skip
 
 
 def split_choices(cfg: Any) -> list[tuple[str, int]]:
@@ -97,20 +99,26 @@ def chosen_split(record: Optional[dict]) -> Optional[tuple[str, int]]:
 
 def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part: Callable[[Any], Any],
                    run: Callable[[Any, dict], None], compare: Callable[[Any, Any, Any], Optional[str]],
-                   time_ms: Callable[[Callable[[], None]], float], min_speedup: float) -> dict[str, Any]:  # fmt: skip
-    """Time every split of ``key`` against the whole call (``whole_ms``, already measured).
+                   time_ms: Callable[[Callable[[], None]], float], min_speedup: float,
+                   whole: Optional[Callable[[], None]] = None, rounds: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Time every split of ``key`` against the whole call.
 
     ``ops`` are the whole call's operands (uid -> tensor, outputs included) and ``want`` the
     whole call's outputs on them; ``build_part(cfg)`` builds a plan for a part's configuration;
     ``run(plan, ops)`` launches a plan; ``compare(uid, got, want)`` says why outputs disagree
     (None: they agree); ``time_ms(fn)`` is the median milliseconds of ``fn``. A split serves
-    only if its parts reproduce ``want`` and it is ``min_speedup`` times faster. Returns the
-    record entry ``{"whole_ms", "candidates": [{"dim", "parts", "median_ms" | "error"}], "chosen"}``."""
+    only if its parts reproduce ``want`` and it is ``min_speedup`` times faster. With ``whole``
+    (a launch of the whole call) the whole call is timed again beside the splits; the timings
+    come from ``rounds`` interleaved rounds in rotating order (medians over rounds), so a drift
+    of the GPU's clocks hits every contender alike; otherwise ``whole_ms`` (measured before) is
+    the yardstick. Returns the record entry ``{"whole_ms", "candidates": [{"dim", "parts",
+    "median_ms" | "error"}], "chosen", "rounds"}``."""
     cfg = key.config
     candidates: list[dict[str, Any]] = []
-    best: Optional[tuple[float, str, int]] = None
+    runnable: list[tuple[dict[str, Any], Callable[[], None]]] = []
     for dim, parts in split_choices(cfg):
         entry: dict[str, Any] = {"dim": dim, "parts": parts}
+        candidates.append(entry)
         try:
             plan = build_part(split_config(cfg, dim, parts))
             sizes = (cfg.b, cfg.h, cfg.hg)
@@ -130,14 +138,34 @@ def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part:
                 why = compare(uid, ops[uid], t)
                 if why is not None:
                     raise RuntimeError(f"the parts disagree with the whole call: {why}")
-            entry["median_ms"] = ms = round(float(time_ms(run_all)), 6)
-            if ms * min_speedup <= whole_ms and (best is None or ms < best[0]):
-                best = (ms, dim, parts)
+            runnable.append((entry, run_all))
         except Exception as exc:  # noqa: BLE001 - recorded; the whole call serves
             entry["error"] = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-        candidates.append(entry)
+    timed: list[tuple[Optional[dict[str, Any]], Callable[[], None]]] = list(runnable)
+    if whole is not None:
+        timed.insert(0, (None, whole))
+    samples: list[list[float]] = [[] for _ in timed]
+    for r in range(max(rounds, 1)):
+        for j in range(len(timed)):
+            i = (j + r) % len(timed)
+            try:
+                samples[i].append(float(time_ms(timed[i][1])))
+            except Exception as exc:  # noqa: BLE001 - recorded; the whole call serves
+                entry = timed[i][0]
+                if entry is None:
+                    raise
+                entry.setdefault("error", (str(exc).splitlines() or [type(exc).__name__])[0][:300])
+    if whole is not None:
+        whole_ms = statistics.median(samples[0])
+    best: Optional[tuple[float, str, int]] = None
+    for (entry, _), got in zip(timed, samples):
+        if entry is None or "error" in entry or not got:
+            continue
+        entry["median_ms"] = ms = round(statistics.median(got), 6)
+        if ms * min_speedup <= whole_ms and (best is None or ms < best[0]):
+            best = (ms, entry["dim"], entry["parts"])
     chosen = None if best is None else [best[1], best[2]]
     _log.info("split tuning for %s: whole call %.4f ms; %s -> %s", key, whole_ms,
               ", ".join(f"{c['dim']}/{c['parts']}: {c.get('median_ms', c.get('error'))}" for c in candidates),
               chosen or "whole call")  # fmt: skip
-    return {"whole_ms": round(whole_ms, 6), "candidates": candidates, "chosen": chosen}
+    return {"whole_ms": round(whole_ms, 6), "candidates": candidates, "chosen": chosen, "rounds": max(rounds, 1)}

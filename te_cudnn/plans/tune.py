@@ -91,6 +91,8 @@ FP8_AGREEMENT = 0.15
 FP8_SOFTMAX_SCALE = 448.0
 #: Timing: a sample lasts at least this long (several launches per sample for short kernels).
 MIN_SAMPLE_MS = 1.0
+#: Interleaved rounds in which the whole FP8 backward and its splits are timed side by side.
+SPLIT_ROUNDS = 5
 MAX_INNER = 50
 MAX_SPIN_MS = 200.0
 
@@ -795,7 +797,9 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
         def time_ms(fn: Callable[[], None]) -> float:
             return statistics.median(float(x) for x in (timer or cuda_event_timer)(fn, None, warmup=warmup, reps=reps))
 
-        split = measure_splits(key, chosen.median_ms, ops, want, build_part, run_part, agree, time_ms, min_speedup)
+        whole_ws = workspace(chosen)
+        split = measure_splits(key, chosen.median_ms, ops, want, build_part, run_part, agree, time_ms, min_speedup,
+                               whole=lambda: execute(chosen.index, whole_ws), rounds=SPLIT_ROUNDS)  # fmt: skip
     return TuningResult(timings, chosen, heuristic, rule, planned.modes, warmup, reps, planned.duplicates,
                         time.perf_counter() - start, time.time(), key, split)  # fmt: skip
 
