@@ -10,6 +10,7 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 from __future__ import annotations
 
 import atexit
+from array import array
 import inspect
 import logging
 import threading
@@ -566,14 +567,19 @@ def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devi
             entry[0], entry[1] = handle, handle.backend_handle or 0
     launch = plan.launch
     if checked:
-        ptrs = list(map(_data_ptr, buffers))
+        ptrs = array("Q", map(_data_ptr, buffers))  # the pointer array the raw launch reads
         if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
             _misaligned(**dict(zip(checked, buffers)))
         if launch.mode == "raw":
             if rng_state is not None:
                 seed = _data_ptr(rng_state)
-                ptrs += (seed, seed + 8)
-            launch.raw(ptrs, ws_ptr, entry[1])
+                ptrs.append(seed)
+                ptrs.append(seed + 8)
+            native = launch.native
+            if native is not None:  # operands in the plan's order: launch from here (no wrapper frame)
+                native[0](ptrs.buffer_info()[0], native[1], ws_ptr, entry[1], native[2])
+            else:
+                launch.raw(ptrs, ws_ptr, entry[1])
             return
     if rng_state is not None:
         buffers = [*buffers, *_seed_offset(rng_state)]
@@ -728,25 +734,29 @@ def fused_attn_fwd(
             (qs, ks, vs, max_seqlen_q, max_seqlen_kv) if len(qs) == 4 and len(ks) == 4
             else _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv)
         )  # fmt: skip
+        extra = None  # the optional tensors, described only when one is given (most calls pass none)
+        if not (attn_bias is None and page_table_k is None and page_table_v is None and out is None
+                and softmax_lse is None and softmax_offset is None and d_scale_qkv is None and d_scale_s is None
+                and q_scale_s is None and q_scale_o is None and amax_s is None and amax_o is None):
+            extra = (
+                None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype,
+                                                attn_bias.get_device(),
+                                                attn_bias.data_ptr() & 15),  # an unaligned start is copied (bias_copy)
+                None if page_table_k is None else page_table_k.shape, None if page_table_v is None else page_table_v.shape,
+                _meta(out), _meta(softmax_lse), None if softmax_offset is None else _sink_sig(softmax_offset),
+                _fp8_sig((d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
+                         (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset,
+                          amax_o_offset)),
+            )  # fmt: skip
         sig: Optional[tuple] = (
-        sizes, q.stride(), q.dtype, q.get_device(), k.stride(), k.dtype, k.get_device(),
-        v.stride(), v.dtype, v.get_device(), is_training,
-        qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type,
-        softmax_type, tuple(window_size), bottom_right_diagonal,
-        None if attn_bias is None else (attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.get_device(),
-                                        attn_bias.data_ptr() & 15),  # an unaligned start is copied (bias_copy)
-        # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
-        # read them, so later calls only note whether they are given (two fewer C calls each).
-        cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
-        None if page_table_k is None else (page_table_k.shape, None if page_table_v is None else page_table_v.shape),
-        None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
-        None if softmax_lse is None else (softmax_lse.shape, softmax_lse.stride(), softmax_lse.dtype, softmax_lse.get_device()),
-        None if d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
-        and amax_s is None and amax_o is None else _fp8_sig(
-            (d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
-            (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset, amax_o_offset)),
-        _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
-        None if softmax_offset is None else _sink_sig(softmax_offset), return_max_logit, cuda_graph,
+            sizes, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+            v.get_device(), is_training, qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout,
+            attn_bias_type, attn_mask_type, softmax_type, tuple(window_size), bottom_right_diagonal,
+            # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
+            # read them, so later calls only note whether they are given (two fewer C calls each).
+            cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+            extra, return_max_logit, cuda_graph,
+            _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
         prep = _fwd_memo.get(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
@@ -1016,26 +1026,32 @@ def fused_attn_bwd(
     Raises the same errors as :func:`fused_attn_fwd`.
     """
     try:
+        n_aux = len(aux_ctx_tensors)
+        extra = None  # what most calls leave out (a bias, a sink, FP8 scaling tensors), described only when given
+        if not (n_aux == 2 and d_scale_qkv is None and d_scale_s is None and d_scale_o is None and d_scale_do is None
+                and d_scale_dp is None and q_scale_s is None and q_scale_dp is None and q_scale_dqkv is None
+                and amax_dp is None and amax_dqkv is None):
+            extra = (
+                *(_meta(t) for t in aux_ctx_tensors[2:4]),
+                # an unaligned bias is copied; an unaligned softmax_offset is refused
+                *(t.data_ptr() & 15 for t in aux_ctx_tensors[2:4]),
+                _fp8_sig((d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s, q_scale_dp, q_scale_dqkv,
+                          amax_dp, amax_dqkv),
+                         (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
+                          q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
+            )  # fmt: skip
+        stats, rng = aux_ctx_tensors[0], aux_ctx_tensors[1]
         sig: Optional[tuple] = (
-        (q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv) if q.dim() == 4 and k.dim() == 4
-        else _thd_sizes(q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv),
-        q.stride(), q.dtype, q.get_device(), k.stride(), k.dtype, k.get_device(),
-        v.stride(), v.dtype, v.get_device(), o.stride(), o.dtype, o.get_device(),
-        d_o.stride(), d_o.dtype, d_o.get_device(), qkv_dtype,
-        fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
-        tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
-        len(aux_ctx_tensors), *(_meta(t) for t in aux_ctx_tensors[:4]),
-        # an unaligned bias is copied; an unaligned softmax_offset is refused
-        *(t.data_ptr() & 15 for t in aux_ctx_tensors[2:4]), cuda_graph,
-        cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
-        None if all(t is None for t in (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s,
-                                         q_scale_dp, q_scale_dqkv, amax_dp, amax_dqkv)) else _fp8_sig(
-            (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s, q_scale_dp, q_scale_dqkv, amax_dp,
-             amax_dqkv),
-            (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
-             q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
-        _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
-    )  # fmt: skip
+            (q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv) if q.dim() == 4 and k.dim() == 4
+            else _thd_sizes(q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv),
+            q.stride(), k.stride(), v.stride(), o.stride(), d_o.stride(), q.dtype, k.dtype, v.dtype, o.dtype,
+            d_o.dtype, q.get_device(), k.get_device(), v.get_device(), o.get_device(), d_o.get_device(), qkv_dtype,
+            fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
+            tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
+            n_aux, stats.shape, stats.stride(), stats.dtype, stats.get_device(), _meta(rng), extra, cuda_graph,
+            cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
+            _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
+        )  # fmt: skip
         prep = _bwd_memo.get(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong

@@ -8,7 +8,7 @@ many back-to-back calls, one synchronize, medians):
 * the yardsticks: the hand-built graph without stats (the benchmark's) and with stats (the same
   computation as te_cudnn's forward, which always writes the softmax stats as TE's does), each
   through the frontend's ``graph.execute(dict)`` into preallocated outputs;
-* te_cudnn: the whole call, the call into preallocated ``out`` and ``softmax_lse``, te_cudnn's
+* te_cudnn: the frontend's native execute of a pointer array built before (the floor), the whole call, the call into preallocated ``out`` and ``softmax_lse``, te_cudnn's
   plan launched with pointers read beforehand (``PlanLauncher.raw``: the floor), the call with
   the launch replaced by a no-op (its Python alone), the signature lookup alone (the rest
   replaced by a no-op), and the two result allocations alone.
@@ -19,6 +19,7 @@ many back-to-back calls, one synchronize, medians):
 from __future__ import annotations
 
 import argparse
+from array import array
 import json
 import statistics
 import time
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
     handle = ops.handle_for(0)
     ptrs = [t.data_ptr() for t in (q, k, v, o_pre, st_pre)]
     raw_handle, ws_ptr = handle.backend_handle or 0, ws.data_ptr()
+    native = plan.launch.native or (plan.launch._raw, len(ptrs), plan.launch._cpp_index)
+    arr = array("Q", ptrs)  # kept alive: the lambda below reads its address
+    arr_addr = arr.buffer_info()[0]
     nothing = lambda: None  # noqa: E731
     real_execute, real_plain = ops._execute, ops.plain_fwd
 
@@ -93,6 +97,8 @@ def main(argv=None) -> int:
             (lambda: hand_st.gf.execute(hand_st.fpack, hand_st.workspace, handle=hand_st.handle), nothing, nothing),
         "te_cudnn plan, raw launch, pointers read before":
             (lambda: plan.launch.raw(ptrs, ws_ptr, raw_handle), nothing, nothing),
+        "te_cudnn plan, native execute of a pointer array built before":
+            (lambda: native[0](arr_addr, native[1], ws_ptr, raw_handle, native[2]), nothing, nothing),
         "te_cudnn fused_attn_fwd": (lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw),
                                     nothing, nothing),
         "te_cudnn fused_attn_fwd, out + softmax_lse given":

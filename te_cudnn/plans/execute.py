@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from array import array
 from operator import itemgetter
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -37,12 +37,17 @@ class PlanLauncher:
       for deserialized plans, which carry no operand layout.
     """
 
-    __slots__ = ("graph", "uids", "mode", "by_dict", "_lowered", "_schema", "_cpp_index", "_raw", "_pick", "_n", "_identity")
+    __slots__ = ("graph", "uids", "mode", "by_dict", "_lowered", "_schema", "_cpp_index", "_raw", "_pick", "_n", "_identity",
+                 "native")
 
     def __init__(self, graph: Any, uids: Sequence[int]):
         self.graph = graph
         self.uids = tuple(uids)
         self.mode = "public"
+        #: mode ``raw`` with the operands bound in ``uids`` order: ``(execute, count, plan index)``;
+        #: the hot path calls ``execute(address of a uint64 pointer array, count, workspace address,
+        #: cudnnHandle_t, plan index)`` itself (see ``te_cudnn.ops._execute``). None otherwise.
+        self.native: Optional[tuple] = None
         try:
             self.by_dict = graph._prepare_ordered_binding_schema() is None
         except Exception:
@@ -77,6 +82,8 @@ class PlanLauncher:
             self._pick = (lambda b: b) if self._identity else itemgetter(*positions)
             self._raw, self._n = raw, len(order)
             self.mode = "raw"
+            if self._identity:
+                self.native = (raw, self._n, self._cpp_index)
 
     @property
     def direct(self) -> bool:

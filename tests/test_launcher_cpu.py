@@ -1,0 +1,81 @@
+"""PlanLauncher's launch modes against a stand-in of the frontend's graph internals (no GPU):
+the pointer order it binds, and when the hot path may call the native execute directly."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from te_cudnn.plans.execute import PlanLauncher
+
+
+class _Lowered:
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def _execute_ordered(self, *a):  # pragma: no cover - not reached in raw mode
+        raise AssertionError("ordered path")
+
+    _execute_ordered_pack = _execute_ordered
+
+    def _execute_with_raw_ptrs(self, address: int, n: int, ws: int, handle: int, index: int) -> None:
+        # read the uint64 array at ``address`` back through a buffer of the same size
+        import ctypes
+
+        self.calls.append((list((ctypes.c_uint64 * n).from_address(address)), ws, handle, index))
+
+
+class _Config:
+    cpp_index = 7
+
+
+class _Graph:
+    """What PlanLauncher reads from a built cudnn-frontend 1.32 graph."""
+
+    selected_engine = None
+    _plans = [object()]
+    _plan_index = 0
+    _data_bindings = {}
+
+    def __init__(self, plan_order: list[int], calls: list) -> None:
+        self._order = plan_order
+        self._lowered_graph = _Lowered(calls)
+
+    def _prepare_ordered_binding_schema(self):
+        return object()
+
+    def _materialize_backend_plan(self, index):
+        return _Config()
+
+    def _finish_ordered(self, *a):  # pragma: no cover
+        raise AssertionError("ordered path")
+
+    def _variant_pack_uids(self):
+        return self._order
+
+
+@pytest.mark.parametrize("uids", [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 7, 8]])
+def test_operands_in_the_plans_order_get_the_direct_launch(uids):
+    calls: list = []
+    launcher = PlanLauncher(_Graph(sorted(uids), calls), uids)
+    assert launcher.mode == "raw" and launcher.native is not None
+    execute, n, index = launcher.native
+    ptrs = array("Q", [16 * (i + 1) for i in range(len(uids))])
+    execute(ptrs.buffer_info()[0], n, 4096, 99, index)
+    assert calls == [([16 * (i + 1) for i in range(len(uids))], 4096, 99, 7)]
+
+
+def test_operands_in_another_order_are_reordered_and_never_launched_directly():
+    calls: list = []
+    uids = [2, 1, 3]  # the caller binds uid 2 first; the plan reads uid 1 first
+    launcher = PlanLauncher(_Graph([1, 2, 3], calls), uids)
+    assert launcher.mode == "raw" and launcher.native is None
+    launcher.raw(array("Q", [200, 100, 300]), 0, 5)
+    assert calls == [([100, 200, 300], 0, 5, 7)]
+
+
+def test_operands_the_plan_does_not_read_keep_the_public_path():
+    calls: list = []
+    launcher = PlanLauncher(_Graph([1, 2, 3, 4], calls), [1, 2, 3])  # the plan needs an operand not bound
+    assert launcher.mode == "ordered" and launcher.native is None
