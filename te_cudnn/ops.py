@@ -744,9 +744,11 @@ def fused_attn_fwd(
                                                 attn_bias.data_ptr() & 15),  # an unaligned start is copied (bias_copy)
                 None if page_table_k is None else page_table_k.shape, None if page_table_v is None else page_table_v.shape,
                 _meta(out), _meta(softmax_lse), None if softmax_offset is None else _sink_sig(softmax_offset),
-                _fp8_sig((d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
-                         (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset,
-                          amax_o_offset)),
+                None if d_scale_qkv is None and d_scale_s is None and q_scale_s is None and q_scale_o is None
+                and amax_s is None and amax_o is None else _fp8_sig(
+                    (d_scale_qkv, d_scale_s, q_scale_s, q_scale_o, amax_s, amax_o),
+                    (d_scale_qkv_offset, d_scale_s_offset, q_scale_s_offset, q_scale_o_offset, amax_s_offset,
+                     amax_o_offset)),
             )  # fmt: skip
         sig: Optional[tuple] = (
             sizes, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
@@ -1035,10 +1037,13 @@ def fused_attn_bwd(
                 *(_meta(t) for t in aux_ctx_tensors[2:4]),
                 # an unaligned bias is copied; an unaligned softmax_offset is refused
                 *(t.data_ptr() & 15 for t in aux_ctx_tensors[2:4]),
-                _fp8_sig((d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s, q_scale_dp, q_scale_dqkv,
-                          amax_dp, amax_dqkv),
-                         (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
-                          q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
+                None if d_scale_qkv is None and d_scale_s is None and d_scale_o is None and d_scale_do is None
+                and d_scale_dp is None and q_scale_s is None and q_scale_dp is None and q_scale_dqkv is None
+                and amax_dp is None and amax_dqkv is None else _fp8_sig(
+                    (d_scale_qkv, d_scale_s, d_scale_o, d_scale_do, d_scale_dp, q_scale_s, q_scale_dp, q_scale_dqkv,
+                     amax_dp, amax_dqkv),
+                    (d_scale_qkv_offset, d_scale_s_offset, d_scale_o_offset, d_scale_do_offset, d_scale_dp_offset,
+                     q_scale_s_offset, q_scale_dp_offset, q_scale_dqkv_offset, amax_dp_offset, amax_dqkv_offset)),
             )  # fmt: skip
         stats, rng = aux_ctx_tensors[0], aux_ctx_tensors[1]
         sig: Optional[tuple] = (
