@@ -14,12 +14,17 @@ needs its attention (a previous-token head) to reach the entropy floor, well bel
 Both implementations start from the same weights and see the same batches in the same order.
 
 Modes: ``eager``; ``compile`` (``torch.compile(fullgraph=True)`` of forward + loss, standard
-backward and optimizer step); ``graph`` (a whole training step -- forward, loss, backward, grad
-clipping, ``optimizer.step()`` -- captured once with ``torch.cuda.graph`` after warm-up steps on a
-side stream, then replayed; dropout draws fresh masks at every replay).
+backward and optimizer step); ``graph`` (a whole training step -- compiled forward and loss,
+backward, grad clipping, ``optimizer.step()`` -- captured once with ``torch.cuda.graph`` after
+warm-up steps on a side stream, then replayed; dropout draws fresh masks at every replay;
+``--graph-step eager`` captures the eager step instead).
 
-The two attentions' runs of one mode advance in turn, one training step each, so that drift in
-the host's speed (the compiled step is host-bound at this size) affects both alike.
+The default batch (64 sequences of 1024 tokens) keeps an H100 busy: the step time is the GPU's.
+At small batches (``--batch 8``) the eager and compiled steps are host-bound -- the CPU cannot
+issue the step's ~600 kernels as fast as the GPU runs them -- and te_cudnn's Python custom op
+costs more host time per layer than torch's C++ SDPA op (see the README, "examples"); the CUDA
+graph removes the host from the step. The two attentions' runs of one mode advance in turn, one
+training step each, so that drift in the host's speed affects both alike.
 
 Prints one line per run, then a table: per attention and mode, the median step time (CUDA
 events, steps after ``--timing-warmup``), tokens/s and the mean loss of the last 50 steps, then
@@ -176,8 +181,8 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Itera
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     forward_loss: Callable[[Tensor, Tensor], Tensor] = loss_fn
-    if mode == "compile":
-        forward_loss = torch.compile(loss_fn, fullgraph=True)
+    if mode == "compile" or (mode == "graph" and args.graph_step == "compiled"):
+        forward_loss = torch.compile(loss_fn, fullgraph=True)  # graph: compiled on the first warm-up step
 
     def step(x: Tensor, y: Tensor) -> Tensor:  # one whole training step; what "graph" captures
         loss = forward_loss(x, y)
@@ -200,7 +205,7 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Itera
     cpu_ms: list[float] = []  # the CPU smoke run times with perf_counter
     first = 0
 
-    if mode == "graph":  # PyTorch docs, "whole network capture"
+    if mode == "graph":  # PyTorch docs, "whole network capture" (of the compiled or the eager step)
         static_x, static_y = torch.empty_like(xs[0]), torch.empty_like(ys[0])
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -307,7 +312,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64,
+                   help="sequences per step (64: the GPU, not the host, sets the step time on an H100)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (warm-up, then cosine to 10%%)")
     p.add_argument("--lr-warmup", type=int, default=30, help="linear warm-up steps (at most steps/5)")
@@ -317,6 +323,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--timing-warmup", type=int, default=10, help="steps left out of the median step time")
     p.add_argument("--graph-warmup", type=int, default=3, help="side-stream steps before the CUDA-graph capture")
+    p.add_argument("--graph-step", choices=("compiled", "eager"), default="compiled",
+                   help="what the graph mode captures: the compiled training step (torch.compile's fused kernels, "
+                        "no host time) or the eager one")
     p.add_argument("--png", default="examples/train_gpt_loss.png", help="loss-curve plot")
     p.add_argument("--json", default=None, help="write all numbers here")
     args = p.parse_args(argv)
@@ -347,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     for mode in modes:
-        if mode == "compile":
+        if mode == "compile" or (mode == "graph" and args.graph_step == "compiled"):
             torch._dynamo.reset()
         # the attentions' runs of one mode advance in turn, one step each (A B A B ...)
         active = {attn: train(attn, mode, data, args) for attn in attns}

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU suite in parts that each fit one device-tool command (10 minutes), logs under $OUT.
 #   bash tools/gpu_session.sh 1   # GPU tests of tests/test_[a-o]*.py
-#   bash tools/gpu_session.sh 2   # GPU tests of tests/test_[p-z]*.py, then examples/train_gpt.py
+#   bash tools/gpu_session.sh 2   # GPU tests of tests/test_[p-z]*.py
 #   bash tools/gpu_session.sh 3   # the CPU tests with libcudnn present (hypothesis file excluded)
+#   bash tools/gpu_session.sh example   # examples/train_gpt.py with its defaults (about 4 minutes on an H100)
 # Each part installs the frontend from .whl/ when needed (see tools/run_gpu_suite.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: tools/gpu_session.sh 1|2|3}"
+part="${1:?usage: tools/gpu_session.sh 1|2|3|example}"
 OUT="${OUT:-gpu-logs}"
 mkdir -p "$OUT"
 export TE_CUDNN_SKIP_BENCH=1 PYTHONUNBUFFERED=1
@@ -14,7 +15,8 @@ case "$part" in
   1) files=$(ls tests/test_[a-o]*.py); marker="gpu" ;;
   2) files=$(ls tests/test_[p-z]*.py); marker="gpu" ;;
   3) files=$(ls tests/test_*.py | grep -v test_properties_cpu.py); marker="not gpu" ;;
-  *) echo "part must be 1, 2 or 3" >&2; exit 2 ;;
+  example) ;;
+  *) echo "part must be 1, 2, 3 or example" >&2; exit 2 ;;
 esac
 if ! python3 -c "import cudnn" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/te_cudnn_site .whl/*.whl || exit 2
@@ -22,10 +24,10 @@ if ! python3 -c "import cudnn" 2>/dev/null; then
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+if [ "$part" = example ]; then
+  python3 examples/train_gpt.py --png "$OUT/train_gpt_loss.png" --json "$OUT/train_gpt.json" 2>&1 | tee "$OUT/train_gpt.log" | tail -16
+  exit "${PIPESTATUS[0]}"
+fi
 python3 -m pytest -p no:cacheprovider -q -rfEs -m "$marker" --junitxml="$OUT/junit-$part.xml" $files 2>&1 \
   | tee "$OUT/pytest-$part.log" | grep -v "^ - \|nanobind" | tail -25
-rc=${PIPESTATUS[0]}
-if [ "$part" = 2 ]; then
-  python3 examples/train_gpt.py --png "$OUT/train_gpt_loss.png" --json "$OUT/train_gpt.json" 2>&1 | tee "$OUT/train_gpt.log" | tail -16
-fi
-exit "$rc"
+exit "${PIPESTATUS[0]}"

@@ -8,6 +8,11 @@ interleaved rounds, KV bytes over time against the measured copy bandwidth) with
 torch SDPA cuDNN on the dense cache.
 
     python tools/probe_decode_pages.py [--out DIR] [--kv 8192,32768] [--pages 16,64,256,1024]
+    python tools/probe_decode_pages.py --same-bytes 8,32,64 --pages 64   # split-KV upper bound
+
+``--same-bytes B1,B2,..`` runs batch B with s_kv = kv * 8 / B instead (the same KV bytes spread
+over more (batch, head) tiles): what a split-KV (flash-decoding) decode could at best get from
+cuDNN's kernel, before the cost of merging the parts.
 """
 
 from __future__ import annotations
@@ -27,9 +32,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--kv", default="8192,32768")
     ap.add_argument("--pages", default="16,64,256,1024")
+    ap.add_argument("--same-bytes", default=None, help="batches to spread each KV size over (split-KV bound)")
     a = ap.parse_args(argv)
     cases = []
-    for s in map(int, a.kv.split(",")):
+    for s in map(int, a.kv.split(",")) if a.same_bytes else ():
+        for b in map(int, a.same_bytes.split(",")):
+            for p in map(int, a.pages.split(",")):
+                cases.append(Case(f"decode_kv{s // 1024}k_b{b}_s{s * 8 // b}_page{p}", "decode", b, 32, 8, 128, 1,
+                                  s * 8 // b, "padding", layout="paged_kv_bshd_bshd_bshd", training=False, page_size=p,
+                                  only=() if b == 8 else ("te_cudnn",)))  # fmt: skip
+    for s in map(int, a.kv.split(",")) if not a.same_bytes else ():
         for p in map(int, a.pages.split(",")):
             for fmt in ("bshd", "bhsd"):  # token-major pages (TE's), head-major pages (FlashInfer's HND)
                 cases.append(Case(f"decode_kv{s // 1024}k_page{p}_{fmt}", "decode", 8, 32, 8, 128, 1, s, "padding",

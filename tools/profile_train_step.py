@@ -29,7 +29,7 @@ def _example():
 
 def run(attn: str, mode: str, a: argparse.Namespace) -> None:
     ex = _example()
-    args = ex.parse_args([])
+    args = ex.parse_args(["--batch", str(a.batch)])
     torch._dynamo.reset()
     model = ex.GPT(attn, args.vocab, args.seq, args.layers, args.width, args.heads, args.dropout)
     model.init_weights(args.seed, args.layers)
@@ -76,16 +76,19 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
             for _ in range(a.steps):
                 step()
         torch.cuda.synchronize()
-        kernels, runtime = Counter(), Counter()
+        kernels, runtime, busy = Counter(), Counter(), Counter()
         for e in tp.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 kernels[e.name[:90]] += 1
+                busy[e.name[:90]] += e.time_range.elapsed_us()
             elif e.name.startswith(("cuda", "cu")) and "Launch" in e.name or e.name.startswith("cudaMemcpy"):
                 runtime[e.name] += 1
         print(f"device kernels per step: {sum(kernels.values()) / a.steps:.1f}; runtime calls per step: "
               + ", ".join(f"{n} {c / a.steps:.1f}" for n, c in runtime.most_common()))
-        for name, c in kernels.most_common(a.top):
-            print(f"  {c / a.steps:6.1f}  {name}")
+        print(f"device busy per step: {sum(busy.values()) / a.steps / 1e3:.3f} ms (sum of kernel durations)")
+        print(f"  {'calls':>6s}  {'us/step':>9s}  kernel (by device time)")
+        for name, us in busy.most_common(a.top):
+            print(f"  {kernels[name] / a.steps:6.1f}  {us / a.steps:9.1f}  {name}")
         return
     if a.profiler == "torch":  # self-CPU time per op and region (C++ included), per step
         from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
@@ -119,6 +122,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", default="compile", choices=("compile", "eager"))
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--attn", default="te_cudnn,sdpa")
     p.add_argument("--profiler", default="cprofile", choices=("cprofile", "torch", "kernels"))
