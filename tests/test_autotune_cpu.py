@@ -131,6 +131,58 @@ def test_dedupe_keeps_the_first_of_each_name() -> None:
     assert dedupe_names([]) == ([], 0)
 
 
+class _KnobGraph:
+    """The part of a frontend graph the knob sweep uses: a ranked list of (engine, knobs)."""
+
+    def __init__(self, plans: list, refuse: set) -> None:
+        self.plans, self.refuse = list(plans), refuse
+
+    def get_execution_plan_count(self) -> int:
+        return len(self.plans)
+
+    def get_engine_and_knobs_at_index(self, i: int) -> tuple:
+        engine, knobs = self.plans[i]
+        if engine is None:
+            raise RuntimeError("a python plan the frontend cannot describe")
+        return engine, dict(knobs)
+
+    def create_execution_plan(self, engine: int, knobs: dict) -> None:
+        if (engine, tuple(sorted(knobs.items()))) in self.refuse:
+            raise ValueError("knob value out of range")
+        self.plans.append((engine, dict(knobs)))
+
+
+def test_knob_sweep_appends_one_changed_knob_at_a_time() -> None:
+    g = _KnobGraph([(8, {"k24": 2, "k9": 0}), (8, {"k24": 0, "k9": 0}), (None, {}), (3, {})],
+                   refuse={(8, (("k24", 2), ("k9", 2)))})
+    added = tune_mod.add_knob_variants(g, 3)
+    new = g.plans[4:]
+    assert added == len(new)
+    # engine 8, k24 2 -> 0 is already ranked (plan 1) and k24 2 -> 1 is new; k9 -> 1 new, k9 -> 2 refused;
+    # from plan 1: k24 -> 1 (already added from plan 0) and 2 (plan 0) are not repeated, k9 -> 1, 2 new;
+    # engine 3 has no knobs; the undescribable plan is skipped
+    assert new == [(8, {"k24": 1, "k9": 0}), (8, {"k24": 2, "k9": 1}), (8, {"k24": 0, "k9": 1}),
+                   (8, {"k24": 0, "k9": 2})]  # fmt: skip
+    assert tune_mod.add_knob_variants(_KnobGraph([(8, {"k24": 1})], set()), 0) == 0
+
+
+@pytest.mark.parametrize(("raw", "n"), [(None, 0), ("", 0), ("0", 0), ("32", 32), (" 4 ", 4)])
+def test_knob_sweep_environment(monkeypatch: pytest.MonkeyPatch, raw, n: int) -> None:
+    if raw is None:
+        monkeypatch.delenv(tune_mod.KNOBS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(tune_mod.KNOBS_ENV, raw)
+    assert tune_mod.knob_sweep() == n
+
+
+@pytest.mark.parametrize("raw", ["-1", "many", "2.5"])
+def test_knob_sweep_bad_value_is_off_with_a_warning(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(tune_mod.KNOBS_ENV, raw)
+    monkeypatch.setattr(tune_mod, "_warned", set())
+    with pytest.warns(UserWarning, match=tune_mod.KNOBS_ENV):
+        assert tune_mod.knob_sweep() == 0
+
+
 CANDIDATES = [
     Candidate(0, "eng0_k2=1", 0),  # the heuristic plan
     Candidate(1, "eng4_k3=2", 1 << 20),

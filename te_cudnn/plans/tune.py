@@ -63,9 +63,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 __all__ = [
-    "ENV", "RECORD_VERSION", "FP8_AGREEMENT", "Candidate", "CandidateTiming", "Planned", "TuningError",
+    "ENV", "KNOBS_ENV", "RECORD_VERSION", "FP8_AGREEMENT", "Candidate", "CandidateTiming", "Planned", "TuningError",
     "TuningResult", "autotune_enabled", "autotuning", "choose", "cuda_event_timer", "dedupe_names",
-    "format_record", "make_operands", "measure", "plan_candidates", "tunable", "tune_key", "tune_plan",
+    "format_record", "knob_sweep", "add_knob_variants", "make_operands", "measure", "plan_candidates", "tunable", "tune_key", "tune_plan",
     "tuning_record", "tuning_wanted", "valid_record",
 ]  # fmt: skip
 
@@ -75,6 +75,11 @@ _log = logging.getLogger("te_cudnn")
 
 #: The environment variable that turns autotuning on for the process.
 ENV = "TE_CUDNN_AUTOTUNE"
+#: ``TE_CUDNN_AUTOTUNE_KNOBS=N`` also tries, for each engine the heuristics propose, every other
+#: value ``0 .. N-1`` of each of its integer knobs (e.g. the SDPA engines' kernel configuration,
+#: ``k24``): plans the heuristics never rank. Off (0) by default: each variant that builds costs
+#: a kernel compilation, once per key.
+KNOBS_ENV = "TE_CUDNN_AUTOTUNE_KNOBS"
 #: The version of the tuning record in a stored plan's header; a record of another version is ignored.
 RECORD_VERSION = 1
 DEFAULT_WARMUP = 3
@@ -413,6 +418,58 @@ class Planned:
     stages: dict[str, float]
 
 
+def knob_sweep() -> int:
+    """How many values of each knob :func:`plan_candidates` tries (``TE_CUDNN_AUTOTUNE_KNOBS``;
+    0 = none: the heuristics' candidates only). A value that is not a whole number >= 0 is
+    treated as 0, with one warning."""
+    raw = os.environ.get(KNOBS_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        n = int(raw)
+        if n < 0:
+            raise ValueError(raw)
+        return n
+    except ValueError:
+        _warn_once(f"knobs:{raw}", f"te_cudnn: {KNOBS_ENV}={raw!r} is not a whole number >= 0; no knob sweep")
+        return 0
+
+
+def add_knob_variants(g: Any, values: int) -> int:
+    """Append to ``g``'s ranked plan list one plan per other value (``0 .. values-1``) of each
+    integer knob of each engine configuration already in it (``get_engine_and_knobs_at_index``
+    / ``create_execution_plan``): one knob changed at a time. Returns how many were appended;
+    a variant the frontend refuses to append is skipped (one that cuDNN cannot build fails at
+    build time and is dropped from the candidates)."""
+    seen: set[tuple] = set()
+    proposed = []
+    for i in range(int(g.get_execution_plan_count())):
+        try:
+            engine, knobs = g.get_engine_and_knobs_at_index(i)
+        except Exception:  # noqa: BLE001 - a plan the frontend cannot describe is not varied
+            continue
+        knobs = dict(knobs or {})
+        seen.add((engine, tuple(sorted((str(k), v) for k, v in knobs.items()))))
+        proposed.append((engine, knobs))
+    added = 0
+    for engine, knobs in proposed:
+        for knob, value in knobs.items():
+            if not isinstance(value, int):
+                continue
+            for other in range(values):
+                variant = {**knobs, knob: other}
+                sig = (engine, tuple(sorted((str(k), v) for k, v in variant.items())))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                try:
+                    g.create_execution_plan(engine, variant)
+                except Exception:  # noqa: BLE001 - the frontend refuses the value: not a candidate
+                    continue
+                added += 1
+    return added
+
+
 def _mode_name(mode: Any) -> str:
     return getattr(mode, "name", None) or str(mode).rsplit(".", 1)[-1]
 
@@ -430,6 +487,8 @@ def plan_candidates(key: Any, make_spec: Callable[[], Any], modes: Optional[Sequ
     failure: Optional[tuple[str, BaseException]] = None
     deterministic = key.direction == Direction.BWD and key.config.deterministic
     build_errors: dict[int, str] = {}
+    sweep = knob_sweep()
+    proposed = [0]  # plans the heuristics ranked; those after them are knob variants
 
     def build_all(g: Any) -> None:
         """``build_plans(ALL)``; where that raises (a plan failing with an error the frontend does
@@ -451,6 +510,12 @@ def plan_candidates(key: Any, make_spec: Callable[[], Any], modes: Optional[Sequ
                     build_errors[i] = f"not built: {_one_line(exc)}"
         g.build_plan_at_index(chosen)  # selected again: the heuristic plan
 
+    def _vary(g: Any) -> None:
+        """The knob sweep (TE_CUDNN_AUTOTUNE_KNOBS): variants go after the heuristics' plans."""
+        proposed[0] = int(g.get_execution_plan_count())
+        if sweep and not deterministic:  # a variant carries no numerical notes to filter by
+            add_knob_variants(g, sweep)
+
     for mode_set in mode_sets:
         stages: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -468,6 +533,7 @@ def plan_candidates(key: Any, make_spec: Callable[[], Any], modes: Optional[Sequ
             ("filters", "filter the plans of", _deselect),
             ("heuristics", "create execution plans for", lambda g=g, m=mode_set: g.create_execution_plans(m)),
             ("check_support", "check support of", g.check_support),
+            ("knobs", "vary the knobs of the plans of", lambda g=g: _vary(g)),
             ("build_plans", "build every plan of", lambda g=g: build_all(g)),
         )
         try:
@@ -499,12 +565,14 @@ def plan_candidates(key: Any, make_spec: Callable[[], Any], modes: Optional[Sequ
     candidates = []
     for i in keep:
         if i in build_errors:
-            candidates.append(Candidate(i, names[i], None, build_errors[i]))
+            if not sweep or i < proposed[0]:  # a knob variant cuDNN cannot build is no candidate
+                candidates.append(Candidate(i, names[i], None, build_errors[i]))
             continue
         try:
             candidates.append(Candidate(i, names[i], int(g.get_workspace_size_plan_at_index(i))))
         except Exception as exc:  # noqa: BLE001 - not built (declined at build time) or excluded
-            candidates.append(Candidate(i, names[i], None, f"not built: {_one_line(exc)}"))
+            if not sweep or i < proposed[0]:
+                candidates.append(Candidate(i, names[i], None, f"not built: {_one_line(exc)}"))
     return Planned(spec, g, candidates, heuristic, [_mode_name(m) for m in mode_set], duplicates, stages)
 
 
