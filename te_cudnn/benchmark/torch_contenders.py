@@ -23,7 +23,34 @@ def _sdpa_backends() -> dict[str, Any]:
             "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
 
 
-class SdpaRun(Run):
+class _AutogradRun(Run):
+    """A contender timed through torch's autograd: ``_forward()`` computes the output from
+    ``self.q``/``k``/``v`` (which require grad when training); the backward is
+    ``torch.autograd.grad`` with ``self.d_o``."""
+
+    training: bool
+
+    def _forward(self):  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def fwd(self):
+        if not self.training:
+            with torch.no_grad():
+                return self._forward()
+        return self._forward()
+
+    def before(self, mode: str):
+        return self._forward() if mode == "bwd" else None
+
+    def bwd(self, out):
+        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
+
+    def fwd_bwd(self):
+        out = self._forward()
+        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
+
+
+class SdpaRun(_AutogradRun):
     def __init__(self, case: Case, inp: Inputs, backend_name: str):
         super().__init__()
         from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
@@ -52,25 +79,9 @@ class SdpaRun(Run):
             return torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, attn_mask=self.mask,
                                                                     is_causal=self.causal, enable_gqa=self.gqa)  # fmt: skip
 
-    def fwd(self):
-        if not self.training:
-            with torch.no_grad():
-                return self._forward()
-        return self._forward()
-
     def output(self) -> torch.Tensor:
         with torch.no_grad():
             return self._forward().permute(0, 2, 1, 3)
-
-    def before(self, mode: str):
-        return self._forward() if mode == "bwd" else None
-
-    def bwd(self, out):
-        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
-
-    def fwd_bwd(self):
-        out = self._forward()
-        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
 
 
 class TorchSdpa(Contender):
@@ -94,7 +105,7 @@ class TorchSdpa(Contender):
         return SdpaRun(case, inputs, self.backend_name)
 
 
-class FlexRun(Run):
+class FlexRun(_AutogradRun):
     def __init__(self, case: Case, inp: Inputs):
         super().__init__()
         import torch._dynamo  # noqa: PLC0415
@@ -149,25 +160,9 @@ class FlexRun(Run):
         return self.compiled(self.q, self.k, self.v, score_mod=self.score_mod, block_mask=self.block_mask,
                              enable_gqa=self.gqa)  # fmt: skip
 
-    def fwd(self):
-        if not self.training:
-            with torch.no_grad():
-                return self._forward()
-        return self._forward()
-
     def output(self) -> torch.Tensor:
         out = self.fwd().detach()  # in the timed calls' grad mode: a no_grad call would recompile
         return out[0].permute(1, 0, 2) if self.thd else out.permute(0, 2, 1, 3)
-
-    def before(self, mode: str):
-        return self._forward() if mode == "bwd" else None
-
-    def bwd(self, out):
-        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
-
-    def fwd_bwd(self):
-        out = self._forward()
-        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
 
 
 #: the cases FlexAttention runs by default (compiling costs 20-40 s per shape; --every-case for every case)
