@@ -65,8 +65,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 __all__ = [
     "ENV", "KNOBS_ENV", "RECORD_VERSION", "FP8_AGREEMENT", "Candidate", "CandidateTiming", "Planned", "TuningError",
     "TuningResult", "autotune_enabled", "autotuning", "choose", "cuda_event_timer", "dedupe_names",
-    "format_record", "knob_sweep", "add_knob_variants", "make_operands", "measure", "plan_candidates", "tunable", "tune_key", "tune_plan",
-    "tuning_record", "tuning_wanted", "valid_record",
+    "format_record", "knob_sweep", "add_knob_variants", "make_operands", "measure", "plan_candidates", "tunable",
+    "tune_key", "tune_plan", "tuning_record", "tuning_wanted", "valid_record",
 ]  # fmt: skip
 
 from .split import measure_splits, splittable
