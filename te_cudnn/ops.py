@@ -41,6 +41,7 @@ from .enums import (
 )
 from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
+from .plans.cache import _tick as plan_cache_tick
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
@@ -48,7 +49,7 @@ from .plans.split import chosen_split, slice_operand, split_config
 from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
-from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens_pair
 from .runtime import RuntimeEnv, current_env, frontend_version
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces"]
@@ -90,6 +91,10 @@ class _Prepared:
     runtime_kind: tuple = ()  # varlen: what the runtime buffers depend on besides the cu_seqlens (cache key)
     plan: Optional[CompiledPlan] = None
     split_plan: Optional[tuple] = None  # FP8 backward run in parts: ((dim, parts), the parts' plan)
+    index: int = -1  # device.index, read on every launch (set from device)
+
+    def __post_init__(self) -> None:
+        self.index = -1 if self.device.index is None else self.device.index
 
     def get_plan(self) -> CompiledPlan:
         """The cached plan: a hit when still cached, a lookup or build after eviction."""
@@ -235,8 +240,7 @@ def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) ->
     ext_q = extend(cu_q, batch)
     ext_kv = ext_q if cu_kv is cu_q else extend(cu_kv, batch)
     if cfg.mask.is_padding:
-        lens_q = seq_lens(cu_q, batch, ext_q)
-        out += [lens_q, lens_q if ext_kv is ext_q else seq_lens(cu_kv, batch, ext_kv)]
+        out += seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
     base_q = ext_q if cu_q_padded is None else extend(cu_q_padded, batch)
     same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
     if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
@@ -528,103 +532,171 @@ _FWD_NAMES = ("q", "k", "v", "out", "softmax_lse")
 _BWD_NAMES = ("q", "k", "v", "o", "aux_ctx_tensors[0]", "d_o")
 
 
-def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: tuple = (),
-             rng_state: Optional[torch.Tensor] = None) -> None:
-    """Launch ``plan`` on the caller's current stream. The handle bound to that stream and the
-    stream's reusable workspace are looked up together, once per (thread, device, stream).
-    ``checked``: the names of the leading ``buffers`` whose 16-byte alignment is checked from
-    the same pointers the launch reads (``_FWD_NAMES`` / ``_BWD_NAMES``).
-    ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers`` as the graph's seed
-    and offset operands (by address: no views are made on the raw path). When the tensors' device is not
-    the current one (model parallel in one process, Hugging Face ``device_map``), the launch
-    runs under a guard that makes it current."""
-    index = device.index
-    if index != _current_device():
-        with torch.cuda.device(index):
-            return _execute(plan, buffers, device, checked, rng_state)
-    slot = (index, _current_raw_stream(index))
+def _context(index: int, stream: int, nbytes: int) -> list:
+    """This thread's launch context for ``stream`` of device ``index`` with at least ``nbytes``
+    of workspace: ``[handle, raw cudnnHandle_t, workspace, its bytes, its address]`` (the slow
+    half of :func:`_launch`: first use of a stream, a larger workspace, CUDA-graph capture, or
+    a handle another caller re-bound to another stream). During capture a plan that needs
+    workspace gets a fresh buffer from the graph's pool (returned in a one-off context)."""
     ctx = _launch_local.ctx
+    slot = (index, stream)
     entry = ctx.get(slot)
     if entry is None:
         handle = handle_for(index)
-        ws = _workspace(0, device)
+        ws = _workspace(0, _device_of(index))
         entry = ctx[slot] = [handle, handle.backend_handle or 0, ws, 0, _data_ptr(ws)]
-    # entry: [handle, its raw cudnnHandle_t, reusable workspace, its bytes, its address]
-    nbytes = plan.workspace_size
-    if nbytes <= entry[3] and (nbytes == 0 or not _is_capturing()):  # workspace-free plans never touch it
-        ws, ws_ptr = entry[2], entry[4]
-    else:
-        if nbytes > entry[3] and not _is_capturing():  # growing: let go of the smaller buffer first
-            entry[2], entry[3] = None, -1
-        ws = _workspace(nbytes, device)  # during capture: a fresh buffer from the graph's pool
-        ws_ptr = _data_ptr(ws)
-        if not _is_capturing():
-            entry[2], entry[3], entry[4] = ws, ws.numel(), ws_ptr
     handle = entry[0]
-    if handle.stream != slot[1]:  # another caller re-bound this thread's handle to another stream
+    if handle.stream != stream:  # another caller re-bound this thread's handle to another stream
         handle = handle_for(index)
         if handle is not entry[0]:  # the thread's handle was released and replaced meanwhile
             entry[0], entry[1] = handle, handle.backend_handle or 0
+    if nbytes <= entry[3] and (nbytes == 0 or not _is_capturing()):  # workspace-free plans never touch it
+        return entry
+    capturing = _is_capturing()
+    if nbytes > entry[3] and not capturing:  # growing: let go of the smaller buffer first
+        entry[2], entry[3] = None, -1
+    ws = _workspace(nbytes, _device_of(index))  # during capture: a fresh buffer from the graph's pool
+    if capturing:
+        return [entry[0], entry[1], ws, nbytes, _data_ptr(ws)]
+    entry[2], entry[3], entry[4] = ws, ws.numel(), _data_ptr(ws)
+    return entry
+
+
+_devices: dict[int, torch.device] = {}
+
+
+def _device_of(index: int) -> torch.device:
+    dev = _devices.get(index)
+    if dev is None:
+        dev = _devices[index] = torch.device("cuda", index)
+    return dev
+
+
+def _launch(plan: CompiledPlan, ptrs: array, index: int) -> None:
+    """Launch ``plan`` (mode ``raw``) on the caller's current stream of device ``index`` with
+    ``ptrs``: the operands' data pointers in the plan's uid order. The fast half is a stream
+    read, one dict lookup and the native call; everything else is :func:`_context`. When the
+    device is not the current one (model parallel in one process, Hugging Face ``device_map``),
+    the launch runs under a guard that makes it current."""
+    if index != _current_device():
+        with torch.cuda.device(index):
+            return _launch(plan, ptrs, index)
+    stream = _current_raw_stream(index)
+    entry = _launch_local.ctx.get((index, stream))
+    nbytes = plan.workspace_size
+    if entry is None or entry[0].stream != stream or not (nbytes <= entry[3] and (nbytes == 0 or not _is_capturing())):
+        entry = _context(index, stream, nbytes)
+    native = plan.launch.native
+    if native is not None:  # operands in the plan's order: launch from here (no wrapper frame)
+        native[0](ptrs.buffer_info()[0], native[1], entry[4], entry[1], native[2])
+    else:
+        plan.launch.raw(ptrs.tolist(), entry[4], entry[1])
+
+
+def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: tuple = (),
+             rng_state: Optional[torch.Tensor] = None) -> None:
+    """Launch ``plan`` with ``buffers`` (tensors in the plan's uid order) on the caller's
+    current stream: through :func:`_launch` when the plan launches from pointers, else through
+    the frontend's own execute. ``checked``: the names of the leading ``buffers`` whose 16-byte
+    alignment is checked from the same pointers the launch reads (``_FWD_NAMES`` /
+    ``_BWD_NAMES``). ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers``
+    as the graph's seed and offset operands (by address: no views on the raw path)."""
     launch = plan.launch
-    if checked:
+    if launch.mode == "raw":
         ptrs = array("Q", map(_data_ptr, buffers))  # the pointer array the raw launch reads
-        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
+        if checked and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
             _misaligned(**dict(zip(checked, buffers)))
-        if launch.mode == "raw":
-            if rng_state is not None:
-                seed = _data_ptr(rng_state)
-                ptrs.append(seed)
-                ptrs.append(seed + 8)
-            native = launch.native
-            if native is not None:  # operands in the plan's order: launch from here (no wrapper frame)
-                native[0](ptrs.buffer_info()[0], native[1], ws_ptr, entry[1], native[2])
-            else:
-                launch.raw(ptrs, ws_ptr, entry[1])
-            return
+        if rng_state is not None:
+            seed = _data_ptr(rng_state)
+            ptrs.append(seed)
+            ptrs.append(seed + 8)
+        return _launch(plan, ptrs, device.index)
+    if checked:
+        _check_aligned(checked, buffers)
     if rng_state is not None:
         buffers = [*buffers, *_seed_offset(rng_state)]
-    launch(buffers, ws, handle)
+    index = device.index
+    if index != _current_device():
+        with torch.cuda.device(index):
+            return _execute(plan, buffers, device)
+    entry = _context(index, _current_raw_stream(index), plan.workspace_size)
+    launch(buffers, entry[2], entry[0])
+
+
+def _check_aligned(names: tuple, buffers: list) -> None:
+    if any(_data_ptr(t) & 15 for t in buffers[: len(names)]):
+        _misaligned(**dict(zip(names, buffers)))
+
+
+_empty_like = torch.empty_like
+_tick = plan_cache_tick
 
 
 def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor] = None,
               softmax_lse: Optional[torch.Tensor] = None, rng_state: Optional[torch.Tensor] = None,
               rng_gen: Optional[torch.Generator] = None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
     """The forward's shortest path (``prep.plain``: dense F16, no bias, FP8, paging or sink;
-    dropout allowed): allocate O and the stats, bind pointers, launch. The caller has matched
-    the call to ``prep`` (fused_attn_fwd by its signature, the custom ops by theirs)."""
+    dropout allowed): allocate O and the stats, read the pointers, launch. The caller has
+    matched the call to ``prep`` (fused_attn_fwd by its signature, the custom ops by theirs)."""
     plan = prep.plan
-    if plan is None or not _hit(plan):
+    if plan is None or plan.evicted:
         plan = prep.get_plan()
+    plan.hits += 1  # plan_cache.hit, inline (see PlanCache.hit: no lock needed)
+    plan.last_used = _tick()
     # empty_like is torch's cheapest allocation; the templates are 1-element tensors
     # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
-    buffers = [q, k, v, torch.empty_like(q if prep.out_like_q else prep.out_template) if out is None else out,
-               torch.empty_like(prep.stats_template) if softmax_lse is None else softmax_lse]  # fmt: skip
-    if not prep.rng_increment:
-        _execute(plan, buffers, prep.device, _FWD_NAMES)
-        return buffers[3], [buffers[4], prep.zero_rng]
-    if rng_state is None:
-        rng_state = _rng_state(prep, rng_gen)
+    o = _empty_like(q if prep.out_like_q else prep.out_template) if out is None else out
+    st = _empty_like(prep.stats_template) if softmax_lse is None else softmax_lse
+    if prep.rng_increment:
+        if rng_state is None:
+            rng_state = _rng_state(prep, rng_gen)
+        else:
+            _check_rng_state(rng_state, prep.device)
     else:
-        _check_rng_state(rng_state, prep.device)
-    _execute(plan, buffers, prep.device, _FWD_NAMES, rng_state)
-    return buffers[3], [buffers[4], rng_state]
+        rng_state = prep.zero_rng
+    if plan.launch.mode != "raw":
+        _execute(plan, [q, k, v, o, st], prep.device, _FWD_NAMES, rng_state if prep.rng_increment else None)
+        return o, [st, rng_state]
+    # the builder's uid order: q, k, v, o, stats, (seed, offset)
+    ptrs = array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), st.data_ptr()))
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        _misaligned(q=q, k=k, v=v, out=o, softmax_lse=st)
+    if prep.rng_increment:
+        seed = rng_state.data_ptr()
+        ptrs.append(seed)
+        ptrs.append(seed + 8)
+    _launch(plan, ptrs, prep.index)
+    return o, [st, rng_state]
 
 
 def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_o: torch.Tensor,
               stats: torch.Tensor, rng_state: torch.Tensor) -> list[Optional[torch.Tensor]]:  # fmt: skip
     """The backward's shortest path (``prep.plain``): allocate dQ, dK, dV in the layout's
-    format, bind pointers, launch; ``[dq, dk, dv, None, None]`` as fused_attn_bwd returns."""
+    format, read the pointers, launch; ``[dq, dk, dv, None, None]`` as fused_attn_bwd returns."""
     plan = prep.plan
-    if plan is None or not _hit(plan):
+    if plan is None or plan.evicted:
         plan = prep.get_plan()
+    plan.hits += 1
+    plan.last_used = _tick()
     t = prep.grad_templates
     if t is not None:  # separate q, k, v: three contiguous results (see _template)
-        dq, dk, dv = torch.empty_like(t[0]), torch.empty_like(t[1]), torch.empty_like(t[2])
+        dq, dk, dv = _empty_like(t[0]), _empty_like(t[1]), _empty_like(t[2])
     else:
         dq, dk, dv = alloc_qkv_grads(prep.cfg.layout, q, k, v)
+    dropout = prep.cfg.has_dropout
+    if plan.launch.mode != "raw":
+        _execute(plan, [q, k, v, o, stats, d_o, dq, dk, dv], prep.device, _BWD_NAMES, rng_state if dropout else None)
+        return [dq, dk, dv, None, None]
     # the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (seed, offset)
-    _execute(plan, [q, k, v, o, stats, d_o, dq, dk, dv], prep.device, _BWD_NAMES,
-             rng_state if prep.cfg.has_dropout else None)  # fmt: skip
+    ptrs = array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), stats.data_ptr(), d_o.data_ptr(),
+                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))  # fmt: skip
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15:
+        _misaligned(**dict(zip(_BWD_NAMES, (q, k, v, o, stats, d_o))))
+    if dropout:
+        seed = rng_state.data_ptr()
+        ptrs.append(seed)
+        ptrs.append(seed + 8)
+    _launch(plan, ptrs, prep.index)
     return [dq, dk, dv, None, None]
 
 
@@ -753,7 +825,8 @@ def fused_attn_fwd(
         sig: Optional[tuple] = (
             sizes, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
             v.get_device(), is_training, qkv_dtype, fused_attention_backend, attn_scale, dropout, qkv_layout,
-            attn_bias_type, attn_mask_type, softmax_type, tuple(window_size), bottom_right_diagonal,
+            attn_bias_type, attn_mask_type, softmax_type,
+            window_size if window_size.__class__ is tuple else tuple(window_size), bottom_right_diagonal,
             # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
             # read them, so later calls only note whether they are given (two fewer C calls each).
             cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
@@ -1052,7 +1125,11 @@ def fused_attn_bwd(
             q.stride(), k.stride(), v.stride(), o.stride(), d_o.stride(), q.dtype, k.dtype, v.dtype, o.dtype,
             d_o.dtype, q.get_device(), k.get_device(), v.get_device(), o.get_device(), d_o.get_device(), qkv_dtype,
             fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
-            tuple(window_size), bottom_right_diagonal, deterministic, _meta(cu_seqlens_q), _meta(cu_seqlens_kv),
+            window_size if window_size.__class__ is tuple else tuple(window_size), bottom_right_diagonal,
+            deterministic,
+            # as in fused_attn_fwd: cu_seqlens are validated when a signature is first seen and, where a
+            # padding mask or THD reads them, on every call (_check_runtime_tensors)
+            cu_seqlens_q is None, cu_seqlens_kv is None,
             n_aux, stats.shape, stats.stride(), stats.dtype, stats.get_device(), _meta(rng), extra, cuda_graph,
             cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
             _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call

@@ -25,7 +25,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "extend", "seq_lens", "ragged_offsets", "offsets_view"]
+__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "extend", "seq_lens", "seq_lens_pair", "ragged_offsets",
+           "offsets_view"]
 
 
 def _next_pow2(n: int) -> int:
@@ -63,6 +64,18 @@ def seq_lens(cu_seqlens: torch.Tensor, batch: int, extended: Optional[torch.Tens
     """``[batch, 1, 1, 1]`` int32 lengths ``cu[i+1] - cu[i]``, zero for the bucket's padding."""
     ext = extend(cu_seqlens, batch) if extended is None else extended
     return (ext[1:] - ext[:-1]).view(batch, 1, 1, 1)
+
+
+def seq_lens_pair(cu_q: torch.Tensor, cu_kv: torch.Tensor, batch: int, ext_q: torch.Tensor,
+                  ext_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`seq_lens` of both sides. Two different tensors take one ``torch._foreach_sub``:
+    one kernel on CUDA instead of two (each call of a CUDA graph replays it; decode pays it
+    on every step)."""
+    if ext_kv is ext_q:
+        lens = seq_lens(cu_q, batch, ext_q)
+        return lens, lens
+    lens_q, lens_kv = torch._foreach_sub([ext_q[1:], ext_kv[1:]], [ext_q[:-1], ext_kv[:-1]])
+    return lens_q.view(batch, 1, 1, 1), lens_kv.view(batch, 1, 1, 1)
 
 
 def ragged_offsets(

@@ -13,7 +13,7 @@ from te_cudnn.backends import REGISTRY, Direction, Uid
 from te_cudnn.config import AttnConfig, describe_fwd
 from te_cudnn.enums import FusedAttnBackend
 from te_cudnn.plans import make_key
-from te_cudnn.ragged import bucket_batch, bucket_seqlen, bucket_tokens, offsets_view, ragged_offsets, seq_lens
+from te_cudnn.ragged import bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, ragged_offsets, seq_lens, seq_lens_pair
 from te_cudnn.runtime import HOPPER_CUDNN_919
 
 BF16 = torch.bfloat16
@@ -56,6 +56,22 @@ def test_seq_lens_bucket_padding_and_empty_sequences() -> None:
     lens = seq_lens(_i32(0, 0, 3, 3, 5), 32)
     assert lens.dtype == I32 and lens.shape == (32, 1, 1, 1)
     assert lens.flatten().tolist() == [0, 3, 0, 2] + [0] * 28
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["self-attention", "cross-attention"])
+def test_seq_lens_pair_matches_seq_lens(shared: bool) -> None:
+    """Both sides' lengths in one call (one foreach kernel on CUDA): the same values and shapes
+    as two seq_lens calls, bucket padding included; self-attention returns one tensor twice."""
+    cu_q = torch.tensor([0, 1, 1, 2, 3], dtype=torch.int32)
+    cu_kv = cu_q if shared else torch.tensor([0, 8192, 12288, 12288, 20000], dtype=torch.int32)
+    batch = 6
+    ext_q = extend(cu_q, batch)
+    ext_kv = ext_q if shared else extend(cu_kv, batch)
+    lens_q, lens_kv = seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
+    assert lens_q.shape == lens_kv.shape == (batch, 1, 1, 1) and lens_q.dtype == lens_kv.dtype == torch.int32
+    assert torch.equal(lens_q, seq_lens(cu_q, batch)) and torch.equal(lens_kv, seq_lens(cu_kv, batch))
+    assert (lens_q is lens_kv) == shared
+    assert lens_kv.flatten().tolist() == ([1, 0, 1, 1, 0, 0] if shared else [8192, 4096, 0, 7712, 0, 0])
 
 
 def test_ragged_offsets_te_example() -> None:

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     arr = array("Q", ptrs)  # kept alive: the lambda below reads its address
     arr_addr = arr.buffer_info()[0]
     nothing = lambda: None  # noqa: E731
-    real_execute, real_plain = ops._execute, ops.plain_fwd
+    real_launch, real_plain = ops._launch, ops.plain_fwd
 
     def patch(name: str, value: object) -> Callable[[], None]:
         return lambda: setattr(ops, name, value)
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
              nothing, nothing),
         "te_cudnn fused_attn_fwd, launch a no-op":
             (lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw),
-             patch("_execute", lambda *x, **y: None), patch("_execute", real_execute)),
+             patch("_launch", lambda *x, **y: None), patch("_launch", real_launch)),
         "te_cudnn fused_attn_fwd, signature lookup only":
             (lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw),
              patch("plain_fwd", lambda *x, **y: None), patch("plain_fwd", real_plain)),
@@ -114,6 +114,7 @@ def main(argv=None) -> int:
             (lambda: (torch.empty_like(q), torch.empty_like(prep.stats_template)), nothing, nothing),
         "te_cudnn _execute (buffers built before)":
             (lambda: ops._execute(plan, [q, k, v, o_pre, st_pre], prep.device, ops._FWD_NAMES), nothing, nothing),
+        "te_cudnn _launch (pointer array built before)": (lambda: ops._launch(plan, arr, 0), nothing, nothing),
     }
     us = timed(fns, a.rounds, a.calls)
     width = max(map(len, us))
