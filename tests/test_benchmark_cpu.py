@@ -59,8 +59,12 @@ def results() -> dict:
         "peaks": {"matmul_bf16_tflops": 700.0, "matmul_fp8_tflops": 1300.0, "copy_gbps": 3000.0},
         "host": {"problem": "tiny", "rounds": 15, "calls": 2000, "yardstick": "bare graph.execute (hand-built graph)",
                  "te_cudnn": "te_cudnn fused_attn_fwd", "target_us": 3.0, "te_minus_yardstick_us": 2.5, "notes": [],
+                 "like_for_like": ["te_cudnn, preallocated out and softmax_lse",
+                                   "bare graph.execute (hand-built graph with stats)"],
+                 "like_for_like_us": -0.75,
                  "us": {"te_cudnn fused_attn_fwd": 16.0, "bare graph.execute (hand-built graph)": 13.5,
-                        "torch SDPA cuDNN": 40.0}},
+                        "te_cudnn, preallocated out and softmax_lse": 13.25,
+                        "bare graph.execute (hand-built graph with stats)": 14.0, "torch SDPA cuDNN": 40.0}},
         "cases": cases,
         "results": rows,
     }  # fmt: skip
@@ -115,6 +119,8 @@ def test_markdown_table(results: dict) -> None:
     assert "exceed 512" in md  # skipped with its reason
     assert "No available kernel" in md
     assert "+2.50 µs (target ≤ +3 µs: met)" in md
+    assert ("- host time, like for like: te_cudnn, preallocated out and softmax_lse 13.2 µs vs bare graph.execute "
+            "(hand-built graph with stats) 14 µs: -0.75 µs") in md
     assert "FP8 vs bf16" in md and "2×" in md  # fwd speed-up 2.0 / 1.0
     assert "- torch SDPA cuDNN on decode_kv8k: dense KV cache (torch SDPA has no paged KV)" in md
 

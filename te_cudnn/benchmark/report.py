@@ -228,6 +228,10 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
         lines.append(f"- host time: te_cudnn {_num(host['us'][host['te_cudnn']], 3)} µs vs {host['yardstick']} "
                      f"{_num(host['us'][host['yardstick']], 3)} µs: {d:+.2f} µs (target ≤ +{t:g} µs: "
                      f"{'met' if d <= t else 'missed'})")  # fmt: skip
+    if host.get("like_for_like_us") is not None:  # both into results allocated once, both writing the stats
+        te, yard = host["like_for_like"]
+        lines.append(f"- host time, like for like: {te} {_num(host['us'][te], 3)} µs vs {yard} "
+                     f"{_num(host['us'][yard], 3)} µs: {host['like_for_like_us']:+.2f} µs")  # fmt: skip
     for r in flat:
         if r["contender"] == "te_cudnn" and r["group"] == "memory" and r.get("mem_ratio") is not None:
             ok = r["mem_ratio"] <= MEM_TARGET

@@ -122,6 +122,10 @@ def _fmt(x: Optional[float]) -> str:
 HOST_TARGET_US = 3.0
 HOST_YARDSTICK = "bare graph.execute (hand-built graph)"
 HOST_TE = "te_cudnn fused_attn_fwd"
+#: the same call into preallocated O and stats, and the yardstick's graph with stats (what te_cudnn's
+#: forward computes, as TE's does): the like-for-like pair, reported beside the target's pair
+HOST_TE_PREALLOCATED = "te_cudnn, preallocated out and softmax_lse"
+HOST_YARDSTICK_STATS = "bare graph.execute (hand-built graph with stats)"
 
 
 def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
@@ -140,11 +144,17 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
     fns: dict[str, Callable[[], Any]] = {}
     fns[HOST_TE] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
     o_pre = torch.empty_like(q)
+    lse_pre = torch.empty(b, h, s, 1, dtype=torch.float32, device="cuda")
     fns["te_cudnn, preallocated out"] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None,
                                                                     out=o_pre, **kw)  # fmt: skip
+    # like for like with the yardstick, which writes into outputs allocated once
+    fns[HOST_TE_PREALLOCATED] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, out=o_pre,
+                                                          softmax_lse=lse_pre, **kw)  # fmt: skip
     qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
     hand = HandGraphs(qb, kb, vb, training=False, causal=False)
     fns[HOST_YARDSTICK] = lambda: hand.gf.execute(hand.fpack, hand.workspace, handle=hand.handle)
+    hand_st = HandGraphs(qb, kb, vb, training=True, causal=False, d_o=torch.randn_like(qb))
+    fns[HOST_YARDSTICK_STATS] = lambda: hand_st.gf.execute(hand_st.fpack, hand_st.workspace, handle=hand_st.handle)
 
     def sdpa():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -166,6 +176,9 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
                            "notes": notes}  # fmt: skip
     if HOST_TE in us and HOST_YARDSTICK in us:
         out["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
+    if HOST_TE_PREALLOCATED in us and HOST_YARDSTICK_STATS in us:
+        out["like_for_like"] = [HOST_TE_PREALLOCATED, HOST_YARDSTICK_STATS]
+        out["like_for_like_us"] = us[HOST_TE_PREALLOCATED] - us[HOST_YARDSTICK_STATS]
     try:  # which launch path te_cudnn's cached plan took (informational)
         plan = next(p for p in tc.plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h and p.key.config.b == b)
         out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
