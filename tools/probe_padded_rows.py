@@ -88,8 +88,6 @@ def main(argv=None) -> int:
                     ws = torch.empty(max(int(g.get_workspace_size_plan_at_index(i)), 16), dtype=torch.uint8, device="cuda")
                     for t, _, _ in checks.values():
                         t.fill_(float("nan"))
-                    if direction == "bwd":  # the forward's results, from plan 0 of a forward run before
-                        pass
                     g.execute_plan_at_index(pack, ws, index=i, handle=handle)
                     torch.cuda.synchronize()
                 except Exception as e:  # noqa: BLE001
