@@ -41,7 +41,7 @@ from .enums import (
 )
 from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
-from .plans.cache import _tick as plan_cache_tick
+from .plans.cache import next_tick
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.handles import current_raw_stream as _current_raw_stream
 from .plans.handles import release_thread_handles
@@ -481,7 +481,6 @@ class _LaunchLocal(threading.local):
 
 _launch_local = _LaunchLocal()
 _data_ptr = torch.Tensor.data_ptr
-_hit = plan_cache.hit
 try:  # the C entry point behind torch.cuda.current_device (the device guard's one integer compare)
     _current_device = torch._C._cuda_getDevice
 except AttributeError:  # pragma: no cover - CPU-only torch builds
@@ -629,7 +628,6 @@ def _check_aligned(names: tuple, buffers: list) -> None:
 
 
 _empty_like = torch.empty_like
-_tick = plan_cache_tick
 
 
 def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -642,7 +640,7 @@ def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if plan is None or plan.evicted:
         plan = prep.get_plan()
     plan.hits += 1  # plan_cache.hit, inline (see PlanCache.hit: no lock needed)
-    plan.last_used = _tick()
+    plan.last_used = next_tick()
     # empty_like is torch's cheapest allocation; the templates are 1-element tensors
     # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
     o = _empty_like(q if prep.out_like_q else prep.out_template) if out is None else out
@@ -677,7 +675,7 @@ def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if plan is None or plan.evicted:
         plan = prep.get_plan()
     plan.hits += 1
-    plan.last_used = _tick()
+    plan.last_used = next_tick()
     t = prep.grad_templates
     if t is not None:  # separate q, k, v: three contiguous results (see _template)
         dq, dk, dv = _empty_like(t[0]), _empty_like(t[1]), _empty_like(t[2])

@@ -30,23 +30,33 @@ class _AutogradRun(Run):
 
     training: bool
 
-    def _forward(self):  # pragma: no cover - every subclass defines it
+    def _forward(self, q, k, v):  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
     def fwd(self):
         if not self.training:
             with torch.no_grad():
-                return self._forward()
-        return self._forward()
+                return self._forward(self.q, self.k, self.v)
+        return self._forward(self.q, self.k, self.v)
 
     def before(self, mode: str):
-        return self._forward() if mode == "bwd" else None
+        """The backward alone needs a forward: made here, on the current stream (the capture
+        stream when a CUDA graph is captured), from leaves made here too. Autograd hands a
+        leaf's gradient over on the stream the leaf was first used on; with the contender's
+        own leaves (first used on the default stream) a captured backward makes the legacy
+        default stream wait on the capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), the capture
+        fails, and torch 2.11 never gives a failed capture's memory back."""
+        if mode != "bwd":
+            return None
+        leaves = tuple(t.detach().requires_grad_() for t in (self.q, self.k, self.v))
+        return self._forward(*leaves), leaves
 
-    def bwd(self, out):
-        return torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o, retain_graph=True)
+    def bwd(self, state):
+        out, leaves = state
+        return torch.autograd.grad(out, leaves, self.d_o, retain_graph=True)
 
     def fwd_bwd(self):
-        out = self._forward()
+        out = self._forward(self.q, self.k, self.v)
         return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.d_o)
 
 
@@ -74,14 +84,14 @@ class SdpaRun(_AutogradRun):
                 self.causal = False
                 self.info["notes"] = "bias and causal mask as one additive attn_mask (no dBias)"
 
-    def _forward(self):
+    def _forward(self, q, k, v):
         with self.ctx():
-            return torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, attn_mask=self.mask,
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
                                                                     is_causal=self.causal, enable_gqa=self.gqa)  # fmt: skip
 
     def output(self) -> torch.Tensor:
         with torch.no_grad():
-            return self._forward().permute(0, 2, 1, 3)
+            return self._forward(self.q, self.k, self.v).permute(0, 2, 1, 3)
 
 
 class TorchSdpa(Contender):
@@ -156,8 +166,8 @@ class FlexRun(_AutogradRun):
                 self.score_mod = add_bias
                 self.info["notes"] = "bias as a score_mod (no dBias)"
 
-    def _forward(self):
-        return self.compiled(self.q, self.k, self.v, score_mod=self.score_mod, block_mask=self.block_mask,
+    def _forward(self, q, k, v):
+        return self.compiled(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask,
                              enable_gqa=self.gqa)  # fmt: skip
 
     def output(self) -> torch.Tensor:

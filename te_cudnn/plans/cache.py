@@ -313,7 +313,9 @@ def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
                    plan.workspace_size, plan.hits)  # fmt: skip
 
 
-_tick = itertools.count(1).__next__  # atomic under the GIL (one C call)
+#: the plan cache's clock: ``last_used`` stamps for LRU eviction (also stamped inline by
+#: te_cudnn.ops' cached paths); atomic under the GIL (one C call)
+next_tick = itertools.count(1).__next__
 
 
 _tune_module: Any = None
@@ -364,7 +366,7 @@ class PlanCache:
     def _touch(plan: CompiledPlan) -> None:
         """Record a hit: the plan's count and its recency (for least-recently-used eviction)."""
         plan.hits += 1
-        plan.last_used = _tick()
+        plan.last_used = next_tick()
 
     def hit(self, plan: CompiledPlan) -> bool:
         """Count a hit on a plan the caller already holds; False if it was evicted.
@@ -376,7 +378,7 @@ class PlanCache:
         if plan.evicted:
             return False
         plan.hits += 1
-        plan.last_used = _tick()
+        plan.last_used = next_tick()
         return True
 
     def get_or_build(self, key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
@@ -430,7 +432,7 @@ class PlanCache:
         old = self._entries.get(plan.key)
         if old is not None and old is not plan:
             self._retire_locked(old)
-        plan.last_used = _tick()
+        plan.last_used = next_tick()
         plan.evicted = False
         self._entries[plan.key] = plan
         self._evict_to(self.maxsize)
