@@ -206,3 +206,19 @@ def test_make_qkv_thd_and_refusals() -> None:
     for name in ("thd_bshd_bshd", "paged_kv_bshd_bshd_bshd", "bhsd_bhsd_bhsd"):
         with pytest.raises(ValueError, match=f"make_qkv makes sbhd, bshd and thd layouts, not {name}"):
             make_qkv(QKVLayout[name], 1, 4, 4, 8, 8, 16, device="cpu")
+
+
+def test_check_close_never_asks_for_less_than_the_results_own_rounding() -> None:
+    """A two-element bf16 result two roundings off the exact one passes when the caller says it
+    was rounded twice, even beside a lucky same-precision yardstick; without, it fails."""
+    from te_cudnn.testing import check_close, unit_roundoff
+
+    assert unit_roundoff(torch.bfloat16) == 2.0**-8 and unit_roundoff(torch.float16) == 2.0**-11
+    exact = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    lucky = exact.clone()  # the yardstick happened to round onto the exact values
+    actual = exact * (1 + 1.9 * unit_roundoff(torch.bfloat16))
+    with pytest.raises(AssertionError, match="relative error"):
+        check_close("d_mask", actual, exact, lucky, torch.bfloat16)
+    assert check_close("d_mask", actual, exact, lucky, torch.bfloat16, roundings=2) == pytest.approx(1.9 * 2.0**-8)
+    with pytest.raises(AssertionError):  # three roundings' worth is still too far
+        check_close("d_mask", exact * (1 + 3 * 2.0**-8), exact, lucky, torch.bfloat16, roundings=2)

@@ -122,7 +122,7 @@ def lowp_attention(q, k, v, mask, is_causal, scale, dtype):
     return torch.softmax(s, dim=-1) @ v
 
 
-def _check(name, case, actual, expected, same_precision):
+def _check(name, case, actual, expected, same_precision, roundings=0):
     if float(expected.detach().double().norm()) < 1e-6:  # a gradient that is exactly zero (one key: the
         # softmax is constant), where a relative error is meaningless: both low-precision results are rounding
         # noise around 0, so bound te_cudnn's by torch's own plus a per-element floor
@@ -131,7 +131,7 @@ def _check(name, case, actual, expected, same_precision):
         assert err <= bound, f"seed={SEED} case [{case}]: {name}: |actual| {err:.3e} > {bound:.3e} around a zero gradient"
         return err
     try:
-        return check_close(name, actual, expected, same_precision, case.dtype)
+        return check_close(name, actual, expected, same_precision, case.dtype, roundings)
     except AssertionError as e:
         raise AssertionError(f"seed={SEED} case [{case}]: {e}") from None
 
@@ -177,7 +177,9 @@ def test_matches_torch_sdpa(index):
         _check(name, case, grad, r.grad, low.grad)
     if mask is not None and mask.requires_grad:
         assert mask.grad is not None and mask.grad.shape == mask.shape, f"seed={SEED} case [{case}]: no mask gradient"
-        _check("d_mask", case, mask.grad, ref_mask.grad, lp_mask.grad)
+        # a broadcast mask's gradient is rounded twice: cuDNN's dBias, then its sum over the broadcast dims
+        broadcast = mask.numel() < case.b * case.h * case.sq * case.skv
+        _check("d_mask", case, mask.grad, ref_mask.grad, lp_mask.grad, roundings=2 if broadcast else 0)
 
 
 @pytest.mark.parametrize("dtype", HALF)
