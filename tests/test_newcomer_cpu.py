@@ -222,3 +222,18 @@ def test_check_close_never_asks_for_less_than_the_results_own_rounding() -> None
     assert check_close("d_mask", actual, exact, lucky, torch.bfloat16, roundings=2) == pytest.approx(1.9 * 2.0**-8)
     with pytest.raises(AssertionError):  # three roundings' worth is still too far
         check_close("d_mask", exact * (1 + 3 * 2.0**-8), exact, lucky, torch.bfloat16, roundings=2)
+
+
+def test_check_close_allows_factor_times_the_unavoidable_error() -> None:
+    """A result whose inputs were already rounded (a sink's gradient reads the bf16 O) is held to
+    ``factor`` × the error those rounded inputs alone bring, and no further."""
+    from te_cudnn.testing import TOLERANCES, check_close
+
+    factor = TOLERANCES[torch.bfloat16].factor
+    exact = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    actual = exact * (1 + 0.03)  # beyond the bf16 ceiling of 2e-2
+    with pytest.raises(AssertionError, match="unavoidable: 0.000e"):
+        check_close("d_sink", actual, exact, exact, torch.bfloat16)
+    assert check_close("d_sink", actual, exact, exact, torch.bfloat16, unavoidable=0.02) == pytest.approx(0.03)
+    with pytest.raises(AssertionError, match="unavoidable: 1.450e-02"):  # factor × 0.0145 = 0.029 < 0.03
+        check_close("d_sink", actual, exact, exact, torch.bfloat16, unavoidable=0.029 / factor)

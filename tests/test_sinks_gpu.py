@@ -111,7 +111,19 @@ def _reference(q, k, v, bias, offset, case: Case, layout: QKVLayout, d_o, comput
                               attn_bias=None if bias is None else bias.to(compute), window_size=case.window,
                               compute_dtype=compute, softmax_type=case.softmax, softmax_offset=sink, **lens)  # fmt: skip
     grads = torch.autograd.grad(ref.out, inputs + ([sink] if sink is not None else []), to_bhsd(d_o, layout).to(compute))
-    return ref.out, grads
+    return ref, grads
+
+
+def _sink_grad_from_rounded_out(ref, offset: torch.Tensor, d_o: torch.Tensor, d_sink: torch.Tensor, dtype) -> float:
+    """Relative error of the exact sink gradient computed from the O rounded to ``dtype``.
+
+    ``d alpha_h = -sum_(b,i) p_sink(b,h,i) * (dO_bhi . O_bhi)`` with ``p_sink = exp(alpha_h - lse)``:
+    the backward reads the O the forward returned, already rounded, and the rows' terms can
+    cancel, so this much error is there whatever the kernel does."""
+    p_sink = torch.exp(offset.detach().float().view(1, -1, 1, 1) - ref.lse.detach().float())[..., 0]
+    out = ref.out.detach().float()
+    delta = (d_o.float() * (out.to(dtype).float() - out)).sum(-1)
+    return float((p_sink * delta).sum((0, 2)).double().norm() / d_sink.detach().double().norm().clamp_min(1e-30))
 
 
 def _run(case: Case) -> dict[str, float]:
@@ -130,13 +142,17 @@ def _run(case: Case) -> dict[str, float]:
     dq, dk, dv, dbias, d_sink = tc.fused_attn_bwd(case.sq, case.skv, cu_q, cu_kv, q, k, v, out, d_o, case.dtype, aux,
                                                   None, **kw)  # fmt: skip
     assert (d_sink is None) == (case.softmax == "off_by_one")
-    ref_out, ref_grads = _reference(q, k, v, bias, offset, case, layout, d_o, torch.float32)
+    ref, ref_grads = _reference(q, k, v, bias, offset, case, layout, d_o, torch.float32)
+    ref_out = ref.out
     low_out, low_grads = _reference(q, k, v, bias, offset, case, layout, d_o, case.dtype)
+    low_out = low_out.out
     errors = {"O": check_close(f"O {case}", to_bhsd(out, layout), ref_out, low_out, case.dtype)}
     for name, got, want, low in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads, low_grads):
         errors[name] = check_close(f"{name} {case}", to_bhsd(got, layout), want, low, case.dtype)
     if d_sink is not None:
-        errors["d_sink"] = check_close(f"d_softmax_offset {case}", d_sink, ref_grads[3], low_grads[3], case.dtype)
+        unavoidable = _sink_grad_from_rounded_out(ref, offset, to_bhsd(d_o, layout), ref_grads[3], case.dtype)
+        errors["d_sink"] = check_close(f"d_softmax_offset {case}", d_sink, ref_grads[3], low_grads[3], case.dtype,
+                                       unavoidable=unavoidable)  # fmt: skip
     return errors
 
 
@@ -155,7 +171,10 @@ def test_print_sink_accuracy_summary():
     print(f"\nsink accuracy vs fp32 reference, seed={SEED}, {len(CASES)} configurations (max relative error):")
     for key in sorted(_SUMMARY):
         print(f"  {key:22s} {_SUMMARY[key]:.3e}")
-    assert all(e < 2e-2 for e in _SUMMARY.values())
+    # O and the gradients of q, k, v are well conditioned: one blanket bound. The sink gradient is
+    # a sum over rows that can cancel; each case already held it to its own bound (check_close
+    # with the error the rounded O alone brings), so it is printed, not held to 2e-2 here.
+    assert all(e < 2e-2 for key, e in _SUMMARY.items() if not key.endswith("d_sink"))
 
 
 # ---------------------------------------------------------------------------------------------- THD, paged
