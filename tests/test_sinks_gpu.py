@@ -143,9 +143,8 @@ def _run(case: Case) -> dict[str, float]:
                                                   None, **kw)  # fmt: skip
     assert (d_sink is None) == (case.softmax == "off_by_one")
     ref, ref_grads = _reference(q, k, v, bias, offset, case, layout, d_o, torch.float32)
-    ref_out = ref.out
-    low_out, low_grads = _reference(q, k, v, bias, offset, case, layout, d_o, case.dtype)
-    low_out = low_out.out
+    low, low_grads = _reference(q, k, v, bias, offset, case, layout, d_o, case.dtype)
+    ref_out, low_out = ref.out, low.out
     errors = {"O": check_close(f"O {case}", to_bhsd(out, layout), ref_out, low_out, case.dtype)}
     for name, got, want, low in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads, low_grads):
         errors[name] = check_close(f"{name} {case}", to_bhsd(got, layout), want, low, case.dtype)
@@ -396,8 +395,8 @@ def test_gpt_oss_shaped_layer(window):
     d_o = torch.randn(out.shape, generator=gen, device="cuda").to(q.dtype)
     dq, dk, dv, _, d_sink = tc.fused_attn_bwd(s, s, None, None, q, k, v, out, d_o, q.dtype, aux, None, **kw)
     case = Case(-1, "bshd_bshd_bshd", "learnable", q.dtype, b, h, hg, s, s, d, "causal", False, window, None, None)
-    ref_out, ref_grads = _reference(q, k, v, None, offset, case, QKVLayout.bshd_bshd_bshd, d_o, torch.float32)
-    errs = {"O": rel_error(out.transpose(1, 2), ref_out)}
+    ref, ref_grads = _reference(q, k, v, None, offset, case, QKVLayout.bshd_bshd_bshd, d_o, torch.float32)
+    errs = {"O": rel_error(out.transpose(1, 2), ref.out)}
     errs.update({n: rel_error(g.transpose(1, 2), r) for n, g, r in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads)})
     errs["d_sink"] = rel_error(d_sink, ref_grads[3])
     print(f"\ngpt-oss layer {window}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()))
