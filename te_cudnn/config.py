@@ -354,7 +354,6 @@ def describe_fwd(
         )
     q, k, v = _tensor("q", q), _tensor("k", k), _tensor("v", v)
     layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
-    info = layout_info(layout)
     mask = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
     bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
     softmax = SoftmaxType.coerce(softmax_type, argument="softmax_type")

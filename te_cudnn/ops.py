@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 from array import array
-import inspect
 import logging
 import threading
 import weakref
@@ -358,12 +357,25 @@ def fp8_bwd_operands(amax3, d_scale_qkv, qkv_off, d_scale_o, do_off, d_scale_do,
                      ddp_off, q_scale_s, qs_off, q_scale_dqkv, qdqkv_off, q_scale_dp, qdp_off, amax_dp, adp_off):  # fmt: skip
     """FP8 backward operands in the graph's order (``backends.fp8.BWD_SCALARS`` + the four
     amaxes): dQ/dK/dV amaxes land in ``amax3`` and are reduced into ``amax_dqkv[META_DQKV]``."""
+    scales = fp8_bwd_scales(d_scale_qkv, qkv_off, d_scale_o, do_off, d_scale_do, ddo_off, d_scale_s, ds_off, d_scale_dp,
+                            ddp_off, q_scale_s, qs_off, q_scale_dqkv, qdqkv_off, q_scale_dp, qdp_off)  # fmt: skip
+    return scales + _fp8_bwd_amaxes(amax3, _slot(amax_dp, adp_off))
+
+
+def fp8_bwd_scales(d_scale_qkv, qkv_off, d_scale_o, do_off, d_scale_do, ddo_off, d_scale_s, ds_off, d_scale_dp, ddp_off,
+                   q_scale_s, qs_off, q_scale_dqkv, qdqkv_off, q_scale_dp, qdp_off) -> list[torch.Tensor]:  # fmt: skip
+    """The twelve scaling operands of the FP8 backward (``backends.fp8.BWD_SCALARS``), each a
+    [1, 1, 1, 1] view of its metadata slot: what every part of a split backward shares."""
     qkv, dqkv = _slot(d_scale_qkv, qkv_off), _slot(q_scale_dqkv, qdqkv_off)
     return [
         qkv, qkv, qkv, _slot(d_scale_o, do_off), _slot(d_scale_do, ddo_off), _slot(d_scale_s, ds_off),
         _slot(d_scale_dp, ddp_off), _slot(q_scale_s, qs_off), dqkv, dqkv, dqkv, _slot(q_scale_dp, qdp_off),
-        amax3[0:1], amax3[1:2], amax3[2:3], _slot(amax_dp, adp_off),
     ]  # fmt: skip
+
+
+def _fp8_bwd_amaxes(amax3: torch.Tensor, amax_dp: torch.Tensor) -> list[torch.Tensor]:
+    """The backward's amax outputs after its scales: dQ, dK, dV (rows of ``amax3``), then dP."""
+    return [amax3[0:1], amax3[1:2], amax3[2:3], amax_dp]
 
 
 def _slot(table: torch.Tensor, offset: int) -> torch.Tensor:
@@ -1151,9 +1163,17 @@ def fused_attn_bwd(
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
     cfg = prep.cfg
-    split = chosen_split(plan.tuning) if prep.fp8 else None
-    if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
-        return _split_bwd(prep, split, {name: value for name, value in locals().items() if name in _BWD_PARAMS})
+    scales: list[torch.Tensor] = []
+    if prep.fp8:
+        scales = fp8_bwd_scales(d_scale_qkv, d_scale_qkv_offset, d_scale_o, d_scale_o_offset, d_scale_do,
+                                d_scale_do_offset, d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s,
+                                q_scale_s_offset, q_scale_dqkv, q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset)  # fmt: skip
+        split = chosen_split(plan.tuning)
+        if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
+            lens = _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                                           cu_seqlens_kv_padded) if prep.varlen else []  # fmt: skip
+            return _split_bwd(prep, split, [q, k, v, o, aux_ctx_tensors[0], d_o], scales, lens,
+                              amax_dp.narrow(0, amax_dp_offset, 1), amax_dqkv.narrow(0, amax_dqkv_offset, 1))
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
     if prep.softmax_aux:
         return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
@@ -1180,11 +1200,7 @@ def fused_attn_bwd(
     amax3 = None
     if prep.fp8:
         amax3 = torch.empty((3, 1, 1, 1), dtype=torch.float32, device=prep.device)  # dQ, dK, dV amaxes
-        buffers += fp8_bwd_operands(
-            amax3, d_scale_qkv, d_scale_qkv_offset, d_scale_o, d_scale_o_offset, d_scale_do, d_scale_do_offset,
-            d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s, q_scale_s_offset, q_scale_dqkv,
-            q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset, amax_dp, amax_dp_offset,
-        )  # fmt: skip
+        buffers += scales + _fp8_bwd_amaxes(amax3, _slot(amax_dp, amax_dp_offset))
         buffers += sink_ops
     if prep.varlen:
         buffers += _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
@@ -1198,48 +1214,40 @@ def fused_attn_bwd(
     return [dq, dk, dv, dbias, d_sink]
 
 
-#: fused_attn_bwd's parameters (what a split call passes on to its parts).
-_BWD_PARAMS = frozenset(inspect.signature(fused_attn_bwd).parameters) - {"_prepared"}
 #: (batch axis, head axis) of q/k/v/o/dO per format; the softmax stats are [b, h, s, 1].
 _BH_AXES = {QKVFormat.bshd: (0, 2), QKVFormat.sbhd: (1, 2), QKVFormat.bhsd: (0, 1)}
 
 
-def _split_bwd(prep: _Prepared, split: tuple[str, int], call: dict[str, Any]) -> list[Optional[torch.Tensor]]:
+def _split_bwd(prep: _Prepared, split: tuple[str, int], operands: list[torch.Tensor], scales: list[torch.Tensor],
+               lens: list[torch.Tensor], amax_dp: torch.Tensor, amax_dqkv: torch.Tensor) -> list[Optional[torch.Tensor]]:
     """The backward as ``parts`` launches over zero-copy views of the batch or of whole GQA head
     groups, as the autotuner measured and recorded (te_cudnn.plans.split). One plan serves every
     part: its configuration keeps the full tensors' strides, so each part reads views of q, k,
     v, O, dO and the stats and writes its gradients straight into views of the full dQ, dK, dV
     (no copies). Each part writes its own amaxes into a scratch row; their maximum goes to the
-    caller's ``amax_dp`` / ``amax_dqkv`` slots."""
+    caller's ``amax_dp`` / ``amax_dqkv`` slots.
+
+    ``operands``: the full q, k, v, O, softmax stats and dO; ``scales``: :func:`fp8_bwd_scales`
+    (shared by every part); ``lens``: the per-sequence lengths of a padding mask ([b, 1, 1, 1]
+    each, or none); ``amax_dp`` / ``amax_dqkv``: the caller's one-element metadata slots."""
     cfg = prep.cfg
     dim, parts = split
     plan = _part_plan(prep, split)
     axes = _BH_AXES[layout_info(cfg.layout).q_format]
     sizes = (cfg.b, cfg.h, cfg.hg)
-    q, k, v, o, d_o = call["q"], call["k"], call["v"], call["o"], call["d_o"]
-    stats = call["aux_ctx_tensors"][0]
+    q, k, v, o, stats, d_o = operands
     grads = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)  # padding rows stay zero
     amax = torch.empty((parts, 4, 1, 1, 1), dtype=torch.float32, device=prep.device)  # per part: dQ, dK, dV, dP
-    scales = [call[name] for name in _FP8_BWD_SCALES]
-    lens = () if not prep.varlen else _cached_runtime_buffers(  # per-sequence lengths [b, 1, 1, 1]: sliced too
-        prep, call["cu_seqlens_q"], call["cu_seqlens_kv"], call["cu_seqlens_q_padded"], call["cu_seqlens_kv_padded"])
     for i in range(parts):
         views = [slice_operand(t, dim, i, parts, sizes, axes) for t in (q, k, v, o)]
         views.append(slice_operand(stats, dim, i, parts, sizes, (0, 1)))
         views += [slice_operand(t, dim, i, parts, sizes, axes) for t in (d_o, *grads)]
-        views += fp8_bwd_operands(amax[i, :3], *scales, amax[i, 3].view(1), 0)
-        views += [slice_operand(t, dim, i, parts, sizes, (0, 1)) for t in lens]
+        views += scales + _fp8_bwd_amaxes(amax[i, :3], _slot(amax[i, 3].view(1), 0))
+        views += [slice_operand(t, dim, i, parts, sizes, (0, 1)) for t in lens]  # the lengths are sliced too
         _execute(plan, views, prep.device)
-    torch.amax(amax[:, :3].reshape(3 * parts, 1), dim=0, out=call["amax_dqkv"].narrow(0, call["amax_dqkv_offset"], 1))
-    torch.amax(amax[:, 3].reshape(parts, 1), dim=0, out=call["amax_dp"].narrow(0, call["amax_dp_offset"], 1))
+    torch.amax(amax[:, :3].reshape(3 * parts, 1), dim=0, out=amax_dqkv)
+    torch.amax(amax[:, 3].reshape(parts, 1), dim=0, out=amax_dp)
     return [*grads, None, None]
-
-
-#: fp8_bwd_operands' scale arguments (after amax3, before amax_dp), by fused_attn_bwd's names.
-_FP8_BWD_SCALES = ("d_scale_qkv", "d_scale_qkv_offset", "d_scale_o", "d_scale_o_offset", "d_scale_do",
-                   "d_scale_do_offset", "d_scale_s", "d_scale_s_offset", "d_scale_dp", "d_scale_dp_offset",
-                   "q_scale_s", "q_scale_s_offset", "q_scale_dqkv", "q_scale_dqkv_offset", "q_scale_dp",
-                   "q_scale_dp_offset")  # fmt: skip
 
 
 def _part_plan(prep: _Prepared, split: tuple[str, int]) -> CompiledPlan:

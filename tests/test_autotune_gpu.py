@@ -20,7 +20,6 @@ Run with ``-s`` to see every key's candidates and their times.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys

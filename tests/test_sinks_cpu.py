@@ -19,7 +19,7 @@ import te_cudnn as tc
 from te_cudnn import FusedAttnBackend, UnsupportedConfigError, torch_ops
 from te_cudnn.backends import BY_ENUM, REGISTRY, Direction, Uid, select
 from te_cudnn.config import describe_fwd, describe_shapes
-from te_cudnn.enums import QKVFormat, QKVLayout, SoftmaxType
+from te_cudnn.enums import QKVFormat, QKVLayout
 from te_cudnn.layouts import CORE_LAYOUTS, layout_info
 from te_cudnn.plans.key import make_key
 from te_cudnn.runtime import HOPPER_CUDNN_919, RuntimeEnv

@@ -23,7 +23,7 @@ import torch
 
 import te_cudnn as tc
 from te_cudnn import torch_ops
-from te_cudnn.enums import QKVFormat, QKVLayout
+from te_cudnn.enums import QKVLayout
 from te_cudnn.layouts import layout_info
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close, make_qkv, rel_error, to_bhsd

@@ -155,3 +155,50 @@ def test_splittable_excludes_dropout_and_sinks():
     assert splittable(key(dropout=0.0, softmax_type="vanilla"))
     assert not splittable(key(dropout=0.1, softmax_type="vanilla"))
     assert not splittable(key(dropout=0.0, softmax_type="learnable"))
+
+
+def test_split_backward_binds_each_parts_views_in_the_graphs_order_and_combines_the_amaxes(monkeypatch):
+    """ops._split_bwd with the plan and the launch stood in (no GPU): each part binds views of the
+    full q, k, v, O, stats, dO and gradients (no copies) in the FP8 backward graph's order, then the
+    shared scales and its own amax row; the caller's slots get the maximum over the parts."""
+    from types import SimpleNamespace
+
+    from te_cudnn import ops
+    from te_cudnn.config import describe_shapes
+    from te_cudnn.enums import META_DP, META_DQKV
+
+    b, s, h, hg, d = 2, 8, 4, 2, 16
+    cfg = describe_shapes(is_training=True, dtype=torch.float8_e4m3fn, qkv_layout="bshd_bshd_bshd",
+                          attn_bias_type="no_bias", attn_mask_type="causal", num_attn_heads=h, num_gqa_groups=hg,
+                          max_seqlen_q=s, max_seqlen_kv=s, head_dim_qk=d, head_dim_v=d, window_size=(-1, 0),
+                          batch_size=b, softmax_type="vanilla", dropout=0.0)  # fmt: skip
+    fp8 = torch.float8_e4m3fn
+    q, o, d_o = (torch.zeros(b, s, h, d, dtype=fp8) for _ in range(3))
+    k, v = (torch.zeros(b, s, hg, d, dtype=fp8) for _ in range(2))
+    stats = torch.zeros(b, h, s, 1)
+    table = torch.arange(6, dtype=torch.float32)
+    scales = ops.fp8_bwd_scales(*[x for i in range(8) for x in (table, i % 6)])
+    amax_dp, amax_dqkv = torch.zeros(6), torch.zeros(6)
+    bound: list[list[torch.Tensor]] = []
+
+    def launch(plan, views, device):  # a part "writes" its amaxes: dQ 1+i, dK 10+i, dV 5, dP 7-i
+        i = len(bound)
+        bound.append(views)
+        for view, value in zip(views[21:25], (1 + i, 10 + i, 5, 7 - i)):
+            view.fill_(value)
+
+    monkeypatch.setattr(ops, "_part_plan", lambda prep, split: "plan")
+    monkeypatch.setattr(ops, "_execute", launch)
+    prep = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), varlen=False)
+    dq, dk, dv, dbias, d_sink = ops._split_bwd(prep, ("batch", 2), [q, k, v, o, stats, d_o], scales, [],
+                                               amax_dp.narrow(0, META_DP, 1), amax_dqkv.narrow(0, META_DQKV, 1))
+    assert (dq.shape, dk.shape, dv.shape, dbias, d_sink) == (q.shape, k.shape, v.shape, None, None)
+    assert len(bound) == 2
+    for i, views in enumerate(bound):
+        assert len(views) == 9 + 12 + 4  # q k v o stats dO dQ dK dV, the scales, the amaxes (no lengths)
+        for view, full in zip(views[:9], (q, k, v, o, stats, d_o, dq, dk, dv)):
+            assert view.shape[0] == 1 and view.data_ptr() == full[i].data_ptr()  # sequence i, in place
+        assert all(x is y for x, y in zip(views[9:21], scales))  # the scales are shared, not sliced
+        assert all(a.shape == (1, 1, 1, 1) for a in views[21:25])
+    assert amax_dqkv.tolist() == [0.0] * META_DQKV + [11.0] + [0.0] * (5 - META_DQKV)
+    assert amax_dp.tolist() == [0.0] * META_DP + [7.0] + [0.0] * (5 - META_DP)

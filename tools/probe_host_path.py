@@ -23,7 +23,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import te_cudnn as tc
 from te_cudnn import ops

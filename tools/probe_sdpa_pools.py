@@ -53,8 +53,6 @@ def one(case_name: str, contender_key: str, modes: str, graphs: bool) -> dict:
         runner._time_mode = only
     mode_env = os.environ.get("PROBE_CAPTURE_MODE")
     if mode_env:  # capture with this cudaStreamCaptureMode (global, thread_local, relaxed)
-        from te_cudnn.benchmark import runner as _r
-
         real_graph = torch.cuda.graph
 
         class graph(real_graph):
