@@ -146,8 +146,8 @@ def _run(case: Case) -> dict[str, float]:
     low, low_grads = _reference(q, k, v, bias, offset, case, layout, d_o, case.dtype)
     ref_out, low_out = ref.out, low.out
     errors = {"O": check_close(f"O {case}", to_bhsd(out, layout), ref_out, low_out, case.dtype)}
-    for name, got, want, low in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads, low_grads):
-        errors[name] = check_close(f"{name} {case}", to_bhsd(got, layout), want, low, case.dtype)
+    for name, got, want, same in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads, low_grads):
+        errors[name] = check_close(f"{name} {case}", to_bhsd(got, layout), want, same, case.dtype)
     if d_sink is not None:
         unavoidable = _sink_grad_from_rounded_out(ref, offset, to_bhsd(d_o, layout), ref_grads[3], case.dtype)
         errors["d_sink"] = check_close(f"d_softmax_offset {case}", d_sink, ref_grads[3], low_grads[3], case.dtype,
