@@ -29,6 +29,7 @@ from .enums import (
     QKVLayout,
     SoftmaxType,
 )
+from .decode import fused_attn_decode
 from .errors import CaptureMissError, GraphBuildError, TeCudnnError, UnsupportedConfigError
 from .layouts import get_qkv_layout
 from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
@@ -39,7 +40,7 @@ from .policy import backend_policy
 __version__ = "0.1.0"
 
 __all__ = [
-    "fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",
+    "fused_attn_fwd", "fused_attn_bwd", "fused_attn_decode", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",
     "FusedAttnFunc", "fused_attention", "AttnOptions", "get_qkv_layout", "plan_cache", "backend_policy",
     "Fp8AttentionMeta", "Fp8FusedAttnFunc", "fp8_attention", "DotProductAttention", "scaled_dot_product_attention",
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",

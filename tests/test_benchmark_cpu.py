@@ -47,6 +47,7 @@ def results() -> dict:
         {"case": "test_1", "contender": "torch SDPA flash", "status": "error", "reason": "RuntimeError: No available kernel"},
         _ok("decode_kv8k", "te_cudnn", fwd_ms=0.1, fwd_eager_ms=0.12, rounds=20),
         _ok("decode_kv8k", "torch SDPA cuDNN", fwd_ms=0.125, rounds=20, notes="dense KV cache (torch SDPA has no paged KV)"),
+        _ok("decode_kv8k", "te_cudnn decode, dense cache", fwd_ms=0.09, rounds=20),
         _ok("fp8_b2_h32_s8k", "te_cudnn", fwd_ms=2.0, bwd_ms=6.0, fwd_bwd_ms=8.0),
         {**_ok("fp8_b2_h32_s8k", "te_cudnn fp8", fwd_ms=1.0, bwd_ms=6.0, fwd_bwd_ms=7.0), "precision": "fp8"},
     ]  # fmt: skip
@@ -123,6 +124,9 @@ def test_markdown_table(results: dict) -> None:
             "(hand-built graph with stats) 14 µs: -0.75 µs") in md
     assert "FP8 vs bf16" in md and "2×" in md  # fwd speed-up 2.0 / 1.0
     assert "- torch SDPA cuDNN on decode_kv8k: dense KV cache (torch SDPA has no paged KV)" in md
+    # the decode target is reported for every te_cudnn entry point that ran the case
+    assert "- decode, decode_kv8k, te_cudnn: KV-cache read 2684 GB/s = 89.5% of the copy bandwidth (target ≥ 90%: missed)" in md
+    assert "- decode, decode_kv8k, te_cudnn decode, dense cache: KV-cache read 2983 GB/s = 99.4%" in md
 
 
 def test_summary(results: dict) -> None:
@@ -238,6 +242,10 @@ def test_contender_reasons() -> None:
     assert "no attn_mask" in _by_key("sdpa_flash").supports(case_by_name("test_2"))
     assert "dense training" in _by_key("hand_built").supports(case_by_name("decode_kv8k"))
     assert _by_key("te_cudnn").supports(case_by_name("decode_kv8k")) is None  # paged, described on the meta device
+    for key in ("te_cudnn_decode", "te_cudnn_decode_dense"):  # fused_attn_decode: decode cases only
+        assert _by_key(key).supports(case_by_name("decode_kv8k")) is None
+        assert "decode cases only" in _by_key(key).supports(case_by_name("test_1"))
+    assert {"te_cudnn_decode", "te_cudnn_decode_dense"} <= {c.key for c in select_contenders("te")}
     assert _by_key("te_cudnn").supports(case_by_name("thd_mixed_16k")) is None
     tuned = _by_key("te_cudnn_autotuned").supports(case_by_name("test_1"))
     if autotuning_context() is None:

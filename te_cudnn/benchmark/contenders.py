@@ -8,7 +8,8 @@ callable for each timed mode: ``fwd``, ``bwd`` (after a forward, whose results
 (te_cudnn's softmax stats, autograd's saved tensors), as in training.
 
 Contenders: te_cudnn forced to each sub-backend (``F16_arbitrary_seqlen``, ``F16_max512_seqlen``,
-``FP8``) and autotuned (when ``te_cudnn.plans.tune`` exists); the same cuDNN graph built by hand
+``FP8``) and autotuned (when ``te_cudnn.plans.tune`` exists); on decode cases also
+``te_cudnn.fused_attn_decode`` on the paged cache and on the dense cache torch SDPA reads; the same cuDNN graph built by hand
 with the frontend (its heuristics, ``graph.execute``); torch SDPA with each CUDA backend (BHSD
 views of the same bshd data, ``enable_gqa``); FlexAttention compiled once per case.
 
@@ -102,7 +103,7 @@ def all_contenders(env: Any = None) -> list[Contender]:
     """Every contender, in column order. ``env`` (a ``te_cudnn.runtime.RuntimeEnv``) is what
     te_cudnn's rules are checked against (default: this machine)."""
     from .handbuilt import HandBuilt  # noqa: PLC0415 - they import this module
-    from .te_contender import TeCudnn  # noqa: PLC0415
+    from .te_contender import TeCudnn, TeCudnnDecode  # noqa: PLC0415
     from .torch_contenders import FlexAttention, TorchSdpa  # noqa: PLC0415
 
     return [
@@ -111,6 +112,8 @@ def all_contenders(env: Any = None) -> list[Contender]:
         TeCudnn("te_cudnn fp8", "te_cudnn_fp8", "FP8", fp8=True, env=env),
         TeCudnn("te_cudnn fp8 autotuned", "te_cudnn_fp8_autotuned", "FP8", fp8=True, autotune=True, env=env),
         TeCudnn("te_cudnn max512", "te_cudnn_max512", "F16_max512_seqlen", env=env),
+        TeCudnnDecode("te_cudnn decode", "te_cudnn_decode", dense=False),
+        TeCudnnDecode("te_cudnn decode, dense cache", "te_cudnn_decode_dense", dense=True),
         HandBuilt(),
         TorchSdpa("cuDNN"),
         TorchSdpa("flash"),
@@ -121,7 +124,7 @@ def all_contenders(env: Any = None) -> list[Contender]:
 
 #: --contenders groups
 CONTENDER_GROUPS = {"te": ("te_cudnn", "te_cudnn_autotuned", "te_cudnn_fp8", "te_cudnn_fp8_autotuned",
-                           "te_cudnn_max512"),
+                           "te_cudnn_max512", "te_cudnn_decode", "te_cudnn_decode_dense"),
                     "sdpa": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")}  # fmt: skip
 
 

@@ -238,10 +238,10 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
             lines.append(f"- memory, {r['case']}: peak / (inputs + outputs + gradients + workspace) = "
                          f"{r['mem_ratio']:.3f} (target ≤ {MEM_TARGET}: {'met' if ok else 'missed'})")  # fmt: skip
     for r in flat:
-        if r["contender"] == "te_cudnn" and r["group"] == "decode" and r.get("pct_of_copy_bw") is not None:
+        if r["contender"].startswith("te_cudnn") and r["group"] == "decode" and r.get("pct_of_copy_bw") is not None:
             if r["case"].endswith(("kv8k", "kv32k")):
                 ok = r["pct_of_copy_bw"] >= DECODE_TARGET_PCT
-                lines.append(f"- decode, {r['case']}: KV-cache read {_num(r['kv_gbps'])} GB/s = "
+                lines.append(f"- decode, {r['case']}, {r['contender']}: KV-cache read {_num(r['kv_gbps'])} GB/s = "
                              f"{r['pct_of_copy_bw']:.1f}% of the copy bandwidth (target ≥ {DECODE_TARGET_PCT:g}%: "
                              f"{'met' if ok else 'missed'})")  # fmt: skip
     return lines

@@ -12,7 +12,7 @@ from .cases import Case
 from .contenders import Contender, Run
 from .inputs import Inputs
 
-__all__ = ["TeCudnn", "TeCudnnRun", "autotuning_context", "AUTOTUNE_DEFAULT_CASES"]
+__all__ = ["TeCudnn", "TeCudnnRun", "TeCudnnDecode", "TeCudnnDecodeRun", "autotuning_context", "AUTOTUNE_DEFAULT_CASES"]
 
 
 def autotuning_context() -> Optional[Callable[[], Any]]:
@@ -170,3 +170,51 @@ class TeCudnn(Contender):
         run = TeCudnnRun(case, inputs, self.backend, self.fp8, ctx)
         run.info["backend"] = self.backend or "auto"
         return run
+
+
+class TeCudnnDecodeRun(Run):
+    """``te_cudnn.fused_attn_decode`` on a decode case: the case's page pools and table, or
+    (``dense``) the dense ``[b, hg, s, d]`` cache torch SDPA reads, through its strides. The
+    lengths are the cache's, int32 ``[b]``, made once (a decode loop keeps them)."""
+
+    training = False
+
+    def __init__(self, case: Case, inp: Inputs, dense: bool):
+        super().__init__()
+        from .. import fused_attn_decode  # noqa: PLC0415
+
+        self._decode = fused_attn_decode
+        self.q = inp.q
+        cu = inp.cu_seqlens_kv
+        self.lens = (cu[1:] - cu[:-1]).contiguous()
+        if dense:
+            k, v = inp.dense_kv()
+            self.k, self.v, self.table = k.transpose(1, 2), v.transpose(1, 2), None
+            self.info["notes"] = "the dense cache torch SDPA reads ([b, hg, s, d], through its strides)"
+        else:
+            self.k, self.v, self.table = inp.k, inp.v, inp.page_table_k
+        self.info["backend"] = "F16_arbitrary_seqlen"
+
+    def fwd(self):
+        return self._decode(self.q, self.k, self.v, self.lens, self.table)
+
+    def output(self) -> torch.Tensor:
+        return self.fwd()
+
+
+class TeCudnnDecode(Contender):
+    """``te_cudnn.fused_attn_decode`` (cache lengths as given, no per-call kernels) on the
+    case's paged cache, or on the dense copy torch SDPA reads (``dense``)."""
+
+    shares_plan_cache = True
+
+    def __init__(self, name: str, key: str, *, dense: bool):
+        self.name, self.key, self.dense = name, key, dense
+
+    def supports(self, case: Case) -> Optional[str]:
+        if not case.is_paged or case.training:
+            return "decode cases only (one query token per sequence against a KV cache)"
+        return None
+
+    def prepare(self, case: Case, inputs: Inputs) -> Run:
+        return TeCudnnDecodeRun(case, inputs, self.dense)

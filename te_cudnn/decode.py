@@ -1,0 +1,259 @@
+"""``fused_attn_decode``: one new query token per sequence against a KV cache whose lengths
+the caller already keeps.
+
+TransformerEngine's ``fused_attn_fwd`` describes a decode step with ``cu_seqlens_q/kv``
+(offsets). cuDNN reads per-sequence *lengths*, so every such call computes them (a small
+kernel), and zero-fills O because a padding mask may leave rows unwritten; inside a CUDA
+graph both run on every replay. At b=8, h=32, an 8K cache on an H100 that is about 3 of
+100 µs, the difference between reading the cache at 88 % and at 92 % of the copy
+bandwidth (``benchmarks/2026-11-25-h100-decode/``).
+
+A decode loop keeps the lengths anyway (flash-attention's ``cache_seqlens``, vLLM's
+``seq_lens``). ``fused_attn_decode`` hands that int32 ``[b]`` tensor to cuDNN as the
+key/value lengths (a view: no kernel), and the query side's lengths are a constant vector
+of ones made once per batch size, so every row of O holds a query and cuDNN writes it:
+nothing is filled. One call is the allocation of O (and the softmax stats), the pointers,
+the launch. The lengths are read on the device when the kernel runs, so a captured CUDA
+graph replays correctly after the loop updates ``cache_seqlens`` in place.
+
+The cache is either paged (a page pool ``[num_pages, page_size, hg, d]`` and a page table
+``[b, pages_per_seq]``; head-major pools are read through their strides) or dense
+(``[b, s_max, hg, d]``, any strides, e.g. a ``[b, hg, s_max, d]`` buffer transposed).
+Forward only, bf16/fp16, the F16 arbitrary-seqlen sub-backend; a sliding window
+(``window_size=(left, 0)``, dense caches: te_cudnn declares paged caches without windows).
+No attention sinks: the sub-backend declines a sink with one query row (cuDNN's SDPA
+takes none there; ``te_cudnn.explain`` gives the reason).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .backends import Direction, Uid
+from .config import _value
+from .empty import empty_fwd
+from .enums import META_O, META_QKV, META_S, FusedAttnBackend
+from .errors import CaptureMissError
+from .ops import _FWD_NAMES, _Prepared, _dependent_caches, _execute, _is_capturing, _meta, _prepare_fwd
+from .plans.cache import next_tick
+from .policy import token as _policy_token
+
+__all__ = ["fused_attn_decode"]
+
+_INT32 = torch.int32
+_F16 = (torch.float16, torch.bfloat16)
+_MEMO_LIMIT = 1024
+
+
+@dataclass(eq=False)
+class _Decode:
+    """One decode call signature, prepared: the forward's prepared call and what decode binds."""
+
+    prep: _Prepared
+    b: int
+    ones: torch.Tensor  # int32 [b, 1, 1, 1]: every sequence has one query token
+    lens_shape: tuple[int, int, int, int]  # (b, 1, 1, 1): how cuDNN sees cache_seqlens
+    pages_shape: Optional[tuple[int, int, int, int]]  # (b, 1, pages_per_seq, 1), or None for a dense cache
+    out_like_q: bool
+
+
+_memo: dict[tuple, _Decode] = {}
+_memo_lock = threading.Lock()
+_dependent_caches.append(_memo)  # forgotten with the forward's memo (ops.forget_prepared)
+
+
+def binding_order(paged: bool) -> tuple[int, ...]:
+    """The operands :func:`fused_attn_decode` binds, by uid, in its order: q, k, v, O, stats,
+    the query and key/value lengths, (the page tables)."""
+    uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV]
+    if paged:
+        uids += [Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V]
+    return tuple(uids)
+
+
+def fused_attn_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: Optional[torch.Tensor] = None,
+    *,
+    attn_scale: Optional[float] = None,
+    window_size: Sequence[int] = (-1, -1),
+    out: Optional[torch.Tensor] = None,
+    return_softmax_lse: bool = False,
+) -> Any:
+    """Attention of one new query token per sequence over its cached keys and values.
+
+    Args:
+        q: ``[b, 1, h, d]``, bf16 or fp16: the step's query, one token per sequence.
+        k_cache, v_cache: paged, ``[num_pages, page_size, hg, d]`` page pools (with
+            ``page_table``); dense, ``[b, s_max, hg, d]``. Any strides with a unit last dim
+            (head-major buffers through a transpose). ``hg`` divides ``h`` (GQA/MQA).
+        cache_seqlens: int32 ``[b]`` on q's device: how many cached tokens each sequence
+            attends to (the new token's K/V already written). Read on the device, never
+            synchronised; values must lie in ``[0, capacity]`` (capacity ``s_max``, or
+            ``pages_per_seq * page_size``), which is not checked (no host sync).
+        page_table: int32 ``[b, pages_per_seq]`` (contiguous), the pages of each sequence in
+            order; None for a dense cache.
+        attn_scale: defaults to ``d ** -0.5``.
+        window_size: ``(-1, -1)``, or ``(left, 0)``: the query sees its last ``left + 1`` keys
+            (dense caches).
+        out: optional preallocated contiguous ``[b, 1, h, d_v]`` result.
+        return_softmax_lse: also return the fp32 ``[b, h, 1, 1]`` logsumexp of each row.
+
+    Returns ``out`` (``[b, 1, h, d_v]`` in q's dtype), or ``(out, softmax_lse)``. A sequence
+    whose ``cache_seqlens`` is 0 (an idle batch slot) gets a zero row.
+
+    Raises ``TypeError`` / ``ValueError`` for malformed input (naming the argument),
+    ``UnsupportedConfigError`` with the sub-backend's reasons when cuDNN cannot run it,
+    :class:`CaptureMissError` for a first call inside a CUDA-graph capture.
+    """
+    try:
+        sig: Optional[tuple] = (
+            q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
+            k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+            None if page_table is None else page_table.shape, attn_scale,
+            window_size if window_size.__class__ is tuple else tuple(window_size), _meta(out), _policy_token(),
+        )  # fmt: skip
+        dec = _memo.get(sig)
+    except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors, unhashable options
+        sig = dec = None
+    if dec is None:
+        dec = _prepare(sig, q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_size, out)
+    prep = dec.prep
+    # runtime data, not in the signature: checked on every call (a few attribute reads)
+    if (cache_seqlens.__class__ is not torch.Tensor or cache_seqlens.dtype is not _INT32
+            or cache_seqlens.shape != (dec.b,) or cache_seqlens.device != prep.device
+            or cache_seqlens.data_ptr() & 15):  # fmt: skip
+        _check_seqlens(cache_seqlens, dec.b, prep.device)
+    if dec.pages_shape is not None and (
+        page_table.dtype is not _INT32 or page_table.device != prep.device or not page_table.is_contiguous()
+        or page_table.data_ptr() & 15
+    ):  # fmt: skip
+        _check_page_table(page_table, dec.b, prep.device)
+    if prep.empty:
+        o, st = empty_fwd(prep.cfg, q, out, None, prep.stats_shape, torch.float32)
+        return (o, st) if return_softmax_lse else o
+    plan = prep.plan
+    if plan is None or plan.evicted:
+        plan = prep.get_plan()
+    plan.hits += 1
+    plan.last_used = next_tick()
+    if out is None:
+        out = torch.empty_like(q if dec.out_like_q else prep.out_template)
+    stats = torch.empty_like(prep.stats_template)
+    buffers = [q, k_cache, v_cache, out, stats, dec.ones, cache_seqlens.view(dec.lens_shape)]
+    if dec.pages_shape is not None:
+        table = page_table.view(dec.pages_shape)
+        buffers += (table, table)
+    _execute(plan, buffers, prep.device, _FWD_NAMES)
+    return (out, stats) if return_softmax_lse else out
+
+
+def _check_seqlens(t: Any, b: int, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"cache_seqlens must be a torch.Tensor (int32 [b] = [{b}]), got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be int32, got {t.dtype} (an int32 [b] = [{b}] tensor on {device})")
+    if tuple(t.shape) != (b,):
+        raise ValueError(f"cache_seqlens must have shape [b] = [{b}], got {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"cache_seqlens is on {t.device} but q is on {device}")
+    if t.data_ptr() % 16:
+        raise ValueError(f"cache_seqlens must start on a 16-byte boundary (cuDNN reads it in place), got data_ptr % 16 "
+                         f"= {t.data_ptr() % 16}")  # fmt: skip
+
+
+def _check_page_table(t: Any, b: int, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"page_table must be a torch.Tensor (int32 [b, pages_per_seq]) or None, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"page_table must be int32, got {t.dtype}")
+    if t.dim() != 2 or t.shape[0] != b:
+        raise ValueError(f"page_table must have shape [b, pages_per_seq] = [{b}, n], got {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"page_table is on {t.device} but q is on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"page_table must be contiguous, got stride {tuple(t.stride())}")
+    if t.data_ptr() % 16:
+        raise ValueError(f"page_table must start on a 16-byte boundary, got data_ptr % 16 = {t.data_ptr() % 16}")
+
+
+def _window(window_size: Any) -> tuple[tuple[int, int], str]:
+    """The forward's window and mask for a decode window: ``(-1, -1)`` is the padding mask
+    alone; ``(left, 0)`` (or ``(left, -1)``: no later keys exist) is a bottom-right window."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(w, bool) or not isinstance(w, int) for w in window_size):  # fmt: skip
+        raise ValueError(f"window_size must be a (left, right) pair of ints, got {_value(window_size)}")
+    left, right = window_size
+    if left < -1 or right not in (-1, 0):
+        raise ValueError(f"window_size={tuple(window_size)}: decode takes (-1, -1) or (left, 0) with left >= 0 "
+                         "(the new token is the last one; no key comes after it)")  # fmt: skip
+    if left == -1:
+        return (-1, -1), "padding"
+    return (left, 0), "padding_causal_bottom_right"
+
+
+def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, out) -> _Decode:
+    """Validate the first call of a signature and prepare the forward it runs (once)."""
+    if _is_capturing():
+        raise CaptureMissError("a decode call signature seen for the first time (shapes, strides or options)")
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {list(t.shape)}")
+    if q.shape[1] != 1:
+        raise ValueError(f"q must be [b, 1, h, d] (one new token per sequence), got shape {list(q.shape)}; "
+                         "fused_attn_fwd takes several query tokens (chunked prefill)")  # fmt: skip
+    if q.dtype not in _F16:
+        raise TypeError(f"q.dtype must be bfloat16 or float16 for decode, got {q.dtype}")
+    b = q.shape[0]
+    _check_seqlens(cache_seqlens, b, q.device)
+    paged = page_table is not None
+    if paged:
+        _check_page_table(page_table, b, q.device)
+        capacity, layout = page_table.shape[1] * k.shape[1], "paged_kv_bshd_bshd_bshd"
+    else:
+        if k.shape[0] != b:
+            raise ValueError(f"a dense k_cache must be [b, s_max, hg, d] with b = {b} (q's), got shape {list(k.shape)}; "
+                             "pass page_table for a paged cache")  # fmt: skip
+        capacity, layout = k.shape[1], "bshd_bshd_bshd"
+    window, mask = _window(window_size)
+    # describe_fwd checks cu_seqlens by shape, dtype and device only (never their values):
+    # placeholders stand in for the lengths decode binds itself
+    cu = torch.arange(b + 1, dtype=torch.int32, device=q.device)
+    args = dict(
+        is_training=False, max_seqlen_q=1, max_seqlen_kv=capacity, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k, v=v,
+        qkv_dtype=None, fused_attention_backend=FusedAttnBackend.F16_arbitrary_seqlen, attn_bias=None,
+        attn_scale=attn_scale, dropout=0.0, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
+        page_table_k=page_table, page_table_v=page_table, qkv_layout=layout, attn_bias_type="no_bias",
+        attn_mask_type=mask, softmax_type="vanilla", window_size=window, bottom_right_diagonal=None,
+        softmax_offset=None, return_max_logit=False, cuda_graph=False, rng_gen=None, out=out,
+        softmax_lse=None,
+        d_scale_qkv=None, d_scale_qkv_offset=META_QKV, d_scale_s=None, d_scale_s_offset=META_S, q_scale_s=None,
+        q_scale_s_offset=META_S, q_scale_o=None, q_scale_o_offset=META_O, amax_s=None, amax_s_offset=META_S,
+        amax_o=None, amax_o_offset=META_O,
+    )  # fmt: skip
+    prep = _prepare_fwd(None, args)
+    cfg = prep.cfg
+    order = binding_order(paged)
+    if not prep.empty and prep.backend.operand_uids(cfg, Direction.FWD) != order:  # a builder changed its operands
+        raise AssertionError(f"decode binds {order} but the {prep.backend.name} forward graph takes "
+                             f"{prep.backend.operand_uids(cfg, Direction.FWD)}")  # fmt: skip
+    dec = _Decode(
+        prep=prep, b=b, ones=torch.ones((b, 1, 1, 1), dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
+        pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
+    )  # fmt: skip
+    if sig is not None:
+        with _memo_lock:
+            if len(_memo) >= _MEMO_LIMIT:
+                _memo.clear()
+            _memo[sig] = dec
+    return dec
+

@@ -1,0 +1,160 @@
+"""``fused_attn_decode`` on the GPU: against the fp32 reference on the gathered cache, bit for
+bit against ``fused_attn_fwd`` on the same data (the same plan, lengths bound differently),
+idle slots, windows, CUDA-graph replay with lengths updated in place, and the per-call
+checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import te_cudnn as tc
+from te_cudnn.reference import attention_reference
+from te_cudnn.testing import check_close
+
+pytestmark = pytest.mark.gpu
+
+H, HG, D = 8, 2, 64
+
+
+def _cache(b, page, pages, *, head_major=False, paged=True, dtype=torch.bfloat16, seed=0):
+    """K/V caches (paged pools with a shuffled page table, or dense) and their dense [b, hg, s, d] view."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    s = page * pages
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+
+    if paged:
+        n = b * pages + 3  # spare pages nobody points at
+        if head_major:  # [n, hg, page, d] in memory, seen as [n, page, hg, d]
+            k, v = rand(n, HG, page, D).transpose(1, 2), rand(n, HG, page, D).transpose(1, 2)
+        else:
+            k, v = rand(n, page, HG, D), rand(n, page, HG, D)
+        table = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: b * pages]
+        table = table.view(b, pages).to(torch.int32).cuda()
+        dense = [t[table.long()].reshape(b, s, HG, D).permute(0, 2, 1, 3) for t in (k, v)]
+        return k, v, table, dense
+    if head_major:
+        k, v = rand(b, HG, s, D).transpose(1, 2), rand(b, HG, s, D).transpose(1, 2)
+    else:
+        k, v = rand(b, s, HG, D), rand(b, s, HG, D)
+    return k, v, None, [t.permute(0, 2, 1, 3) for t in (k, v)]
+
+
+def _reference(q, dense, lens, window=(-1, -1)):
+    mask = "padding" if window == (-1, -1) else "padding_causal_bottom_right"
+    qb = q.permute(0, 2, 1, 3)
+    lq = torch.ones_like(lens)
+    kw = dict(attn_mask_type=mask, window_size=window, seqlens_q=lq, seqlens_kv=lens)
+    r32 = attention_reference(qb.float(), dense[0].float(), dense[1].float(), **kw)
+    rlp = attention_reference(qb, dense[0], dense[1], compute_dtype=q.dtype, **kw)
+    return r32, rlp
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+CASES = [  # (paged, head_major, page, pages, lengths, dtype)
+    (True, False, 16, 4, [40, 17, 64, 1], torch.bfloat16),
+    (True, True, 16, 4, [40, 17, 64, 1], torch.bfloat16),
+    (True, False, 64, 3, [192, 100, 65], torch.float16),
+    (False, False, 1, 96, [96, 5, 50], torch.bfloat16),
+    (False, True, 1, 96, [96, 5, 50], torch.float16),
+]
+IDS = ["paged16-bshd", "paged16-head_major", "paged64-fp16", "dense", "dense-head_major-fp16"]
+
+
+@pytest.mark.parametrize("paged,head_major,page,pages,lengths,dtype", CASES, ids=IDS)
+def test_decode_matches_reference_and_fused_attn_fwd(paged, head_major, page, pages, lengths, dtype):
+    b = len(lengths)
+    k, v, table, dense = _cache(b, page, pages, head_major=head_major, paged=paged, dtype=dtype)
+    q = torch.randn(b, 1, H, D, device="cuda").to(dtype)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = tc.fused_attn_decode(q, k, v, lens, table, return_softmax_lse=True)
+    assert out.shape == (b, 1, H, D) and out.dtype == dtype and lse.shape == (b, H, 1, 1)
+    r32, rlp = _reference(q, dense, lens)
+    check_close("O (decode)", out.permute(0, 2, 1, 3), r32.out, rlp.out, dtype)
+    torch.testing.assert_close(lse, r32.lse.view(b, H, 1, 1), atol=2e-3, rtol=1e-4)
+    # TE's entry point on the same data: the same plan, the lengths derived from cu_seqlens
+    layout = "paged_kv_bshd_bshd_bshd" if paged else "bshd_bshd_bshd"
+    pt = dict(page_table_k=table, page_table_v=table) if paged else {}
+    ref, _ = tc.fused_attn_fwd(False, 1, page * pages, _cu([1] * b), _cu(lengths), q, k, v, dtype,
+                               tc.FusedAttnBackend.F16_arbitrary_seqlen,
+                               qkv_layout=layout, attn_mask_type="padding", **pt)  # fmt: skip
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
+def test_idle_slot_gives_zero_row(paged):
+    """A slot with cache_seqlens 0: cuDNN must write its row (no fill runs), and writes zeros."""
+    b = 4
+    k, v, table, dense = _cache(b, 16, 4, paged=paged)
+    q = torch.randn(b, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([33, 0, 64, 0], dtype=torch.int32, device="cuda")
+    out = torch.full((b, 1, H, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    tc.fused_attn_decode(q, k, v, lens, table, out=out)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(out[3], torch.zeros_like(out[3]))
+    r32, rlp = _reference(q, dense, lens)
+    check_close("O (decode, idle slots)", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
+
+
+def test_window_dense():
+    b, left = 3, 20
+    k, v, _, dense = _cache(b, 1, 128, paged=False)
+    q = torch.randn(b, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([128, 7, 90], dtype=torch.int32, device="cuda")
+    out = tc.fused_attn_decode(q, k, v, lens, window_size=(left, 0))
+    r32, rlp = _reference(q, dense, lens, window=(left, 0))
+    check_close("O (decode, window)", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
+    full = tc.fused_attn_decode(q, k, v, lens)
+    assert not torch.equal(out[0], full[0]) and torch.equal(out[1], full[1])  # 7 keys: all inside the window
+
+
+def test_paged_window_is_declined_with_its_reason():
+    k, v, table, _ = _cache(2, 16, 2)
+    q = torch.randn(2, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device="cuda")
+    with pytest.raises(tc.UnsupportedConfigError, match="no sliding window"):
+        tc.fused_attn_decode(q, k, v, lens, table, window_size=(8, 0))
+
+
+def test_cuda_graph_replay_reads_updated_lengths():
+    """Capture one step; a decode loop then writes K/V and bumps cache_seqlens in place and
+    replays: each replay equals an eager call on the same data."""
+    b, page, pages = 4, 16, 8
+    k, v, table, dense = _cache(b, page, pages)
+    q = torch.randn(b, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([5, 17, 1, 60], dtype=torch.int32, device="cuda")
+    tc.fused_attn_decode(q, k, v, lens, table)  # builds the plan (a first call may not be captured)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tc.fused_attn_decode(q, k, v, lens, table)
+    for step in range(3):
+        lens += 1 + step
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        graph.replay()
+        eager = tc.fused_attn_decode(q, k, v, lens, table)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), step
+        r32, rlp = _reference(q, dense, lens)
+        check_close(f"O (replay {step})", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
+
+
+def test_per_call_checks_and_empty_batch():
+    k, v, table, _ = _cache(2, 16, 2)
+    q = torch.randn(2, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([3, 4], dtype=torch.int32, device="cuda")
+    tc.fused_attn_decode(q, k, v, lens, table)
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        tc.fused_attn_decode(q, k, v, lens.long(), table)
+    with pytest.raises(ValueError, match="cache_seqlens is on cpu"):
+        tc.fused_attn_decode(q, k, v, lens.cpu(), table)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        tc.fused_attn_decode(q, k, v, torch.zeros(6, dtype=torch.int32, device="cuda")[1:3], table)
+    with pytest.raises(TypeError, match="page_table must be int32"):
+        tc.fused_attn_decode(q, k, v, lens, table.long())
+    out, lse = tc.fused_attn_decode(q[:0], k, v, lens[:0], table[:0], return_softmax_lse=True)
+    assert out.shape == (0, 1, H, D) and lse.shape == (0, H, 1, 1)
