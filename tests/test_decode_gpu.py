@@ -1,9 +1,13 @@
 """``fused_attn_decode`` on the GPU: against the fp32 reference on the gathered cache, bit for
 bit against ``fused_attn_fwd`` on the same data (the same plan, lengths bound differently),
 idle slots, windows, CUDA-graph replay with lengths updated in place, and the per-call
-checks."""
+checks; and a seeded set of random configurations (``TE_CUDNN_TEST_SEED`` replays one, the
+seed is printed and is in every failure message)."""
 
 from __future__ import annotations
+
+import os
+import random
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ pytestmark = pytest.mark.gpu
 H, HG, D = 8, 2, 64
 
 
-def _cache(b, page, pages, *, head_major=False, paged=True, dtype=torch.bfloat16, seed=0):
+def _cache(b, page, pages, *, head_major=False, paged=True, dtype=torch.bfloat16, seed=0, hg=HG, d=D):
     """K/V caches (paged pools with a shuffled page table, or dense) and their dense [b, hg, s, d] view."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     s = page * pages
@@ -28,17 +32,17 @@ def _cache(b, page, pages, *, head_major=False, paged=True, dtype=torch.bfloat16
     if paged:
         n = b * pages + 3  # spare pages nobody points at
         if head_major:  # [n, hg, page, d] in memory, seen as [n, page, hg, d]
-            k, v = rand(n, HG, page, D).transpose(1, 2), rand(n, HG, page, D).transpose(1, 2)
+            k, v = rand(n, hg, page, d).transpose(1, 2), rand(n, hg, page, d).transpose(1, 2)
         else:
-            k, v = rand(n, page, HG, D), rand(n, page, HG, D)
+            k, v = rand(n, page, hg, d), rand(n, page, hg, d)
         table = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: b * pages]
         table = table.view(b, pages).to(torch.int32).cuda()
-        dense = [t[table.long()].reshape(b, s, HG, D).permute(0, 2, 1, 3) for t in (k, v)]
+        dense = [t[table.long()].reshape(b, s, hg, d).permute(0, 2, 1, 3) for t in (k, v)]
         return k, v, table, dense
     if head_major:
-        k, v = rand(b, HG, s, D).transpose(1, 2), rand(b, HG, s, D).transpose(1, 2)
+        k, v = rand(b, hg, s, d).transpose(1, 2), rand(b, hg, s, d).transpose(1, 2)
     else:
-        k, v = rand(b, s, HG, D), rand(b, s, HG, D)
+        k, v = rand(b, s, hg, d), rand(b, s, hg, d)
     return k, v, None, [t.permute(0, 2, 1, 3) for t in (k, v)]
 
 
@@ -158,3 +162,31 @@ def test_per_call_checks_and_empty_batch():
         tc.fused_attn_decode(q, k, v, lens, table.long())
     out, lse = tc.fused_attn_decode(q[:0], k, v, lens[:0], table[:0], return_softmax_lse=True)
     assert out.shape == (0, 1, H, D) and lse.shape == (0, H, 1, 1)
+
+
+def test_random_configurations():
+    """Random decode calls: batch, heads and GQA groups, head dim, dtype, paged (token- or
+    head-major pages of 16-64 tokens) or dense caches, lengths from 0 to the capacity, windows
+    on dense caches; each against the fp32 reference."""
+    env = os.environ.get("TE_CUDNN_TEST_SEED")
+    seed = int(env) if env else random.SystemRandom().randrange(2**31)
+    print(f"decode random configurations: seed={seed} (replay: TE_CUDNN_TEST_SEED={seed})")
+    rng = random.Random(seed)
+    for i in range(24):
+        hg = rng.choice([1, 2, 4, 8])
+        h, d, dtype = hg * rng.choice([1, 2, 4]), rng.choice([64, 128]), rng.choice([torch.float16, torch.bfloat16])
+        b, paged, head_major = rng.randint(1, 9), rng.random() < 0.7, rng.random() < 0.5
+        page, pages = (rng.choice([16, 32, 64]), rng.randint(1, 6)) if paged else (1, rng.randint(16, 300))
+        cap = page * pages
+        lengths = [rng.choice([0, 1, cap, rng.randint(1, cap)]) for _ in range(b)]
+        window = (-1, -1) if paged or rng.random() < 0.6 else (rng.randint(0, cap), 0)
+        what = (f"seed={seed} case {i}: b={b} h={h}/{hg} d={d} {str(dtype)[6:]} {'paged' if paged else 'dense'} "
+                f"page={page}x{pages}{' head-major' if head_major else ''} lengths={lengths} window={window}")  # fmt: skip
+        k, v, table, dense = _cache(b, page, pages, head_major=head_major, paged=paged, dtype=dtype, seed=i, hg=hg,
+                                    d=d)  # fmt: skip
+        q = torch.randn(b, 1, h, d, device="cuda").to(dtype)
+        lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        out = tc.fused_attn_decode(q, k, v, lens, table, window_size=window)
+        assert torch.isfinite(out).all(), what
+        r32, rlp = _reference(q, dense, lens, window)
+        check_close(f"O ({what})", out.permute(0, 2, 1, 3), r32.out, rlp.out, dtype)

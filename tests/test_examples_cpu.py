@@ -1,5 +1,6 @@
 """CPU checks of examples/train_gpt.py: ``--help``, a tiny SDPA training run (loss falls, PNG and
-JSON written), and the clear exit 2 when te_cudnn is asked for without CUDA."""
+JSON written), and the clear exit 2 when te_cudnn is asked for without CUDA; examples/decode_paged.py:
+``--help`` and its exit 2 without CUDA."""
 
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def test_te_cudnn_needs_cuda(extra: tuple[str, ...], tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "CUDA" in proc.stderr and "--device cpu --attn sdpa --mode eager" in proc.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+DECODE = ROOT / "examples" / "decode_paged.py"
+
+
+def test_decode_example_help() -> None:
+    proc = subprocess.run([sys.executable, str(DECODE), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--page-size" in proc.stdout and "continuous-batching" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_decode_example_needs_cuda() -> None:
+    proc = subprocess.run([sys.executable, str(DECODE), "--steps", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr
