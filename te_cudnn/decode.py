@@ -1,5 +1,6 @@
-"""``fused_attn_decode``: one new query token per sequence against a KV cache whose lengths
-the caller already keeps.
+"""``fused_attn_decode``: the new query token(s) of each sequence against a KV cache whose
+lengths the caller already keeps (decode: one token; speculative decoding's verification step:
+a few).
 
 TransformerEngine's ``fused_attn_fwd`` describes a decode step with ``cu_seqlens_q/kv``
 (offsets). cuDNN reads per-sequence *lengths*, so every such call computes them (a small
@@ -11,8 +12,9 @@ bandwidth (``benchmarks/2026-11-25-h100-decode/``).
 A decode loop keeps the lengths anyway (flash-attention's ``cache_seqlens``, vLLM's
 ``seq_lens``). ``fused_attn_decode`` hands that int32 ``[b]`` tensor to cuDNN as the
 key/value lengths (a view: no kernel), and the query side's lengths are a constant vector
-of ones made once per batch size, so every row of O holds a query and cuDNN writes it:
-nothing is filled. One call is the allocation of O (and the softmax stats), the pointers,
+(``s_q`` each) made once per shape, so every row of O holds a query and cuDNN writes it:
+nothing is filled. With ``s_q > 1`` the new tokens attend causally, aligned to the end of
+each sequence's cache (bottom-right), as in speculative decoding. One call is the allocation of O (and the softmax stats), the pointers,
 the launch. The lengths are read on the device when the kernel runs, so a captured CUDA
 graph replays correctly after the loop updates ``cache_seqlens`` in place.
 
@@ -55,7 +57,7 @@ class _Decode:
 
     prep: _Prepared
     b: int
-    ones: torch.Tensor  # int32 [b, 1, 1, 1]: every sequence has one query token
+    q_lens: torch.Tensor  # int32 [b, 1, 1, 1] = s_q: every sequence has s_q query tokens
     lens_shape: tuple[int, int, int, int]  # (b, 1, 1, 1): how cuDNN sees cache_seqlens
     pages_shape: Optional[tuple[int, int, int, int]]  # (b, 1, pages_per_seq, 1), or None for a dense cache
     out_like_q: bool
@@ -87,27 +89,29 @@ def fused_attn_decode(
     out: Optional[torch.Tensor] = None,
     return_softmax_lse: bool = False,
 ) -> Any:
-    """Attention of one new query token per sequence over its cached keys and values.
+    """Attention of each sequence's new query token(s) over its cached keys and values.
 
     Args:
-        q: ``[b, 1, h, d]``, bf16 or fp16: the step's query, one token per sequence.
+        q: ``[b, s_q, h, d]``, bf16 or fp16: the step's queries, ``s_q`` tokens per sequence
+            (1 in plain decode). With ``s_q > 1`` query ``i`` sees the keys up to position
+            ``cache_seqlens - s_q + i`` (causal, bottom-right aligned).
         k_cache, v_cache: paged, ``[num_pages, page_size, hg, d]`` page pools (with
             ``page_table``); dense, ``[b, s_max, hg, d]``. Any strides with a unit last dim
             (head-major buffers through a transpose). ``hg`` divides ``h`` (GQA/MQA).
         cache_seqlens: int32 ``[b]`` on q's device: how many cached tokens each sequence
-            attends to (the new token's K/V already written). Read on the device, never
+            attends to (the new tokens' K/V already written). Read on the device, never
             synchronised; values must lie in ``[0, capacity]`` (capacity ``s_max``, or
             ``pages_per_seq * page_size``), which is not checked (no host sync).
         page_table: int32 ``[b, pages_per_seq]`` (contiguous), the pages of each sequence in
             order; None for a dense cache.
         attn_scale: defaults to ``d ** -0.5``.
-        window_size: ``(-1, -1)``, or ``(left, 0)``: the query sees its last ``left + 1`` keys
-            (dense caches).
-        out: optional preallocated contiguous ``[b, 1, h, d_v]`` result.
-        return_softmax_lse: also return the fp32 ``[b, h, 1, 1]`` logsumexp of each row.
+        window_size: ``(-1, -1)``, or ``(left, 0)``: each query sees at most its last
+            ``left + 1`` keys (dense caches).
+        out: optional preallocated contiguous ``[b, s_q, h, d_v]`` result.
+        return_softmax_lse: also return the fp32 ``[b, h, s_q, 1]`` logsumexp of each row.
 
-    Returns ``out`` (``[b, 1, h, d_v]`` in q's dtype), or ``(out, softmax_lse)``. A sequence
-    whose ``cache_seqlens`` is 0 (an idle batch slot) gets a zero row.
+    Returns ``out`` (``[b, s_q, h, d_v]`` in q's dtype), or ``(out, softmax_lse)``. A query row
+    that sees no key (a sequence whose ``cache_seqlens`` is 0, an idle batch slot) is zero.
 
     Raises ``TypeError`` / ``ValueError`` for malformed input (naming the argument),
     ``UnsupportedConfigError`` with the sub-backend's reasons when cuDNN cannot run it,
@@ -147,7 +151,7 @@ def fused_attn_decode(
     if out is None:
         out = torch.empty_like(q if dec.out_like_q else prep.out_template)
     stats = torch.empty_like(prep.stats_template)
-    buffers = [q, k_cache, v_cache, out, stats, dec.ones, cache_seqlens.view(dec.lens_shape)]
+    buffers = [q, k_cache, v_cache, out, stats, dec.q_lens, cache_seqlens.view(dec.lens_shape)]
     if dec.pages_shape is not None:
         table = page_table.view(dec.pages_shape)
         buffers += (table, table)
@@ -184,9 +188,10 @@ def _check_page_table(t: Any, b: int, device: torch.device) -> None:
         raise ValueError(f"page_table must start on a 16-byte boundary, got data_ptr % 16 = {t.data_ptr() % 16}")
 
 
-def _window(window_size: Any) -> tuple[tuple[int, int], str]:
-    """The forward's window and mask for a decode window: ``(-1, -1)`` is the padding mask
-    alone; ``(left, 0)`` (or ``(left, -1)``: no later keys exist) is a bottom-right window."""
+def _window(window_size: Any, sq: int = 1) -> tuple[tuple[int, int], str]:
+    """The forward's window and mask: one query token and ``(-1, -1)`` is the padding mask
+    alone; several query tokens attend causally, bottom-right aligned; ``(left, 0)`` (or
+    ``(left, -1)``: no later keys exist) is a bottom-right window."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
             isinstance(w, bool) or not isinstance(w, int) for w in window_size):  # fmt: skip
         raise ValueError(f"window_size must be a (left, right) pair of ints, got {_value(window_size)}")
@@ -195,7 +200,7 @@ def _window(window_size: Any) -> tuple[tuple[int, int], str]:
         raise ValueError(f"window_size={tuple(window_size)}: decode takes (-1, -1) or (left, 0) with left >= 0 "
                          "(the new token is the last one; no key comes after it)")  # fmt: skip
     if left == -1:
-        return (-1, -1), "padding"
+        return (-1, -1), "padding" if sq == 1 else "padding_causal_bottom_right"
     return (left, 0), "padding_causal_bottom_right"
 
 
@@ -208,9 +213,6 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got shape {list(t.shape)}")
-    if q.shape[1] != 1:
-        raise ValueError(f"q must be [b, 1, h, d] (one new token per sequence), got shape {list(q.shape)}; "
-                         "fused_attn_fwd takes several query tokens (chunked prefill)")  # fmt: skip
     if q.dtype not in _F16:
         raise TypeError(f"q.dtype must be bfloat16 or float16 for decode, got {q.dtype}")
     b = q.shape[0]
@@ -224,12 +226,13 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
             raise ValueError(f"a dense k_cache must be [b, s_max, hg, d] with b = {b} (q's), got shape {list(k.shape)}; "
                              "pass page_table for a paged cache")  # fmt: skip
         capacity, layout = k.shape[1], "bshd_bshd_bshd"
-    window, mask = _window(window_size)
+    sq = q.shape[1]
+    window, mask = _window(window_size, sq)
     # describe_fwd checks cu_seqlens by shape, dtype and device only (never their values):
     # placeholders stand in for the lengths decode binds itself
     cu = torch.arange(b + 1, dtype=torch.int32, device=q.device)
     args = dict(
-        is_training=False, max_seqlen_q=1, max_seqlen_kv=capacity, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k, v=v,
+        is_training=False, max_seqlen_q=sq, max_seqlen_kv=capacity, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k, v=v,
         qkv_dtype=None, fused_attention_backend=FusedAttnBackend.F16_arbitrary_seqlen, attn_bias=None,
         attn_scale=attn_scale, dropout=0.0, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
         page_table_k=page_table, page_table_v=page_table, qkv_layout=layout, attn_bias_type="no_bias",
@@ -247,7 +250,7 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
         raise AssertionError(f"decode binds {order} but the {prep.backend.name} forward graph takes "
                              f"{prep.backend.operand_uids(cfg, Direction.FWD)}")  # fmt: skip
     dec = _Decode(
-        prep=prep, b=b, ones=torch.ones((b, 1, 1, 1), dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
+        prep=prep, b=b, q_lens=torch.full((b, 1, 1, 1), sq, dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
         pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
     )  # fmt: skip
     if sig is not None:

@@ -21,8 +21,8 @@ B, H, HG, D, PAGE, PAGES = 3, 8, 2, 64, 16, 4
 BF16 = torch.bfloat16
 
 
-def _inputs(paged: bool = True, b: int = B):
-    q = torch.zeros(b, 1, H, D, dtype=BF16)
+def _inputs(paged: bool = True, b: int = B, sq: int = 1):
+    q = torch.zeros(b, sq, H, D, dtype=BF16)
     if paged:
         k = v = torch.zeros(b * PAGES, PAGE, HG, D, dtype=BF16)
         table = torch.arange(b * PAGES, dtype=torch.int32).view(b, PAGES)
@@ -32,13 +32,13 @@ def _inputs(paged: bool = True, b: int = B):
     return q, k, v, torch.full((b,), 5, dtype=torch.int32), table
 
 
-def _describe(paged: bool, window=(-1, -1)):
+def _describe(paged: bool, window=(-1, -1), sq: int = 1):
     """The forward configuration fused_attn_decode prepares (its placeholders included)."""
-    q, k, v, _, table = _inputs(paged)
-    window, mask = _window(window)
+    q, k, v, _, table = _inputs(paged, sq=sq)
+    window, mask = _window(window, sq)
     cu = torch.arange(B + 1, dtype=torch.int32)
     names = set(inspect.signature(describe_fwd).parameters)
-    args = dict(is_training=False, max_seqlen_q=1, max_seqlen_kv=PAGE * PAGES, cu_seqlens_q=cu, cu_seqlens_kv=cu,
+    args = dict(is_training=False, max_seqlen_q=sq, max_seqlen_kv=PAGE * PAGES, cu_seqlens_q=cu, cu_seqlens_kv=cu,
                 q=q, k=k, v=v, qkv_dtype=None, attn_bias=None, attn_scale=None, dropout=0.0,
                 qkv_layout="paged_kv_bshd_bshd_bshd" if paged else "bshd_bshd_bshd", attn_bias_type="no_bias",
                 attn_mask_type=mask, softmax_type="vanilla", window_size=window, bottom_right_diagonal=None,
@@ -48,8 +48,10 @@ def _describe(paged: bool, window=(-1, -1)):
 
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
 @pytest.mark.parametrize("window", [(-1, -1), (7, 0)], ids=["full", "window7"])
-def test_binding_order_is_the_graphs(paged, window):
-    cfg = _describe(paged, window)
+@pytest.mark.parametrize("sq", [1, 4], ids=["decode", "speculative4"])
+def test_binding_order_is_the_graphs(paged, window, sq):
+    cfg = _describe(paged, window, sq)
+    assert cfg.sq == sq and cfg.mask.is_padding and (cfg.mask.is_causal == (sq > 1 or window != (-1, -1)))
     backend = REGISTRY[0]
     assert backend.name == "F16_arbitrary_seqlen"
     why = backend.not_supported_reasons(cfg, HOPPER_CUDNN_919, Direction.FWD)
@@ -81,6 +83,7 @@ def test_no_sink_in_decode(softmax_type):
 
 def test_window_rule():
     assert _window((-1, -1)) == ((-1, -1), "padding")
+    assert _window((-1, -1), 4) == ((-1, -1), "padding_causal_bottom_right")  # several new tokens: causal
     assert _window((5, 0)) == ((5, 0), "padding_causal_bottom_right")
     assert _window([5, -1]) == ((5, 0), "padding_causal_bottom_right")
     for bad in ((1, 1), (-2, 0), (1,), "x", (True, 0)):
@@ -91,7 +94,6 @@ def test_window_rule():
 @pytest.mark.parametrize(
     "change,exc,match",
     [
-        (dict(q=torch.zeros(B, 2, H, D, dtype=BF16)), ValueError, r"q must be \[b, 1, h, d\]"),
         (dict(q=torch.zeros(B, H, D, dtype=BF16)), ValueError, "q must be 4-D"),
         (dict(q=torch.zeros(B, 1, H, D)), TypeError, "q.dtype must be bfloat16 or float16"),
         (dict(k_cache=[1]), TypeError, "k_cache must be a torch.Tensor"),
@@ -103,7 +105,7 @@ def test_window_rule():
         (dict(page_table=torch.zeros(PAGES, B, dtype=torch.int32).t()), ValueError, "page_table must be contiguous"),
         (dict(window_size=(3, 3)), ValueError, "window_size"),
     ],
-    ids=["two-queries", "3d-q", "fp32", "k-not-tensor", "lens-int64", "lens-shape", "lens-list", "table-int64",
+    ids=["3d-q", "fp32", "k-not-tensor", "lens-int64", "lens-shape", "lens-list", "table-int64",
          "table-rows", "table-strided", "window-right"],
 )  # fmt: skip
 def test_malformed_input_names_the_argument(change, exc, match):

@@ -47,9 +47,10 @@ def _cache(b, page, pages, *, head_major=False, paged=True, dtype=torch.bfloat16
 
 
 def _reference(q, dense, lens, window=(-1, -1)):
-    mask = "padding" if window == (-1, -1) else "padding_causal_bottom_right"
+    sq = q.shape[1]
+    mask = "padding" if window == (-1, -1) and sq == 1 else "padding_causal_bottom_right"
     qb = q.permute(0, 2, 1, 3)
-    lq = torch.ones_like(lens)
+    lq = torch.full_like(lens, sq)
     kw = dict(attn_mask_type=mask, window_size=window, seqlens_q=lq, seqlens_kv=lens)
     r32 = attention_reference(qb.float(), dense[0].float(), dense[1].float(), **kw)
     rlp = attention_reference(qb, dense[0], dense[1], compute_dtype=q.dtype, **kw)
@@ -102,6 +103,32 @@ def test_idle_slot_gives_zero_row(paged):
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(out[3], torch.zeros_like(out[3]))
     r32, rlp = _reference(q, dense, lens)
     check_close("O (decode, idle slots)", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
+@pytest.mark.parametrize("sq", [2, 4])
+def test_speculative_tokens(paged, sq):
+    """s_q new tokens per sequence attend causally from the end of each cache; a row that sees
+    no key (cache_seqlens < s_q) is zero; bit for bit what fused_attn_fwd gives from cu_seqlens."""
+    lengths = [40, 2, 64, 0, 17]
+    b = len(lengths)
+    k, v, table, dense = _cache(b, 16, 4, paged=paged)
+    q = torch.randn(b, sq, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full((b, sq, H, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _, lse = tc.fused_attn_decode(q, k, v, lens, table, out=out, return_softmax_lse=True)
+    assert lse.shape == (b, H, sq, 1)
+    r32, rlp = _reference(q, dense, lens)
+    check_close(f"O (s_q={sq})", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))  # an idle slot
+    if sq == 4:  # 2 cached tokens, 4 queries: the first two see nothing
+        assert torch.equal(out[1, :2], torch.zeros_like(out[1, :2]))
+    layout = "paged_kv_bshd_bshd_bshd" if paged else "bshd_bshd_bshd"
+    pt = dict(page_table_k=table, page_table_v=table) if paged else {}
+    ref, _ = tc.fused_attn_fwd(False, sq, 64, _cu([sq] * b), _cu(lengths), q, k, v, q.dtype,
+                               tc.FusedAttnBackend.F16_arbitrary_seqlen, qkv_layout=layout,
+                               attn_mask_type="padding_causal_bottom_right", **pt)  # fmt: skip
+    assert torch.equal(out, ref)
 
 
 def test_window_dense():
@@ -176,15 +203,16 @@ def test_random_configurations():
         hg = rng.choice([1, 2, 4, 8])
         h, d, dtype = hg * rng.choice([1, 2, 4]), rng.choice([64, 128]), rng.choice([torch.float16, torch.bfloat16])
         b, paged, head_major = rng.randint(1, 9), rng.random() < 0.7, rng.random() < 0.5
+        sq = rng.choice([1, 1, 1, 2, 4])
         page, pages = (rng.choice([16, 32, 64]), rng.randint(1, 6)) if paged else (1, rng.randint(16, 300))
         cap = page * pages
         lengths = [rng.choice([0, 1, cap, rng.randint(1, cap)]) for _ in range(b)]
         window = (-1, -1) if paged or rng.random() < 0.6 else (rng.randint(0, cap), 0)
-        what = (f"seed={seed} case {i}: b={b} h={h}/{hg} d={d} {str(dtype)[6:]} {'paged' if paged else 'dense'} "
+        what = (f"seed={seed} case {i}: b={b} sq={sq} h={h}/{hg} d={d} {str(dtype)[6:]} {'paged' if paged else 'dense'} "
                 f"page={page}x{pages}{' head-major' if head_major else ''} lengths={lengths} window={window}")  # fmt: skip
         k, v, table, dense = _cache(b, page, pages, head_major=head_major, paged=paged, dtype=dtype, seed=i, hg=hg,
                                     d=d)  # fmt: skip
-        q = torch.randn(b, 1, h, d, device="cuda").to(dtype)
+        q = torch.randn(b, sq, h, d, device="cuda").to(dtype)
         lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         out = tc.fused_attn_decode(q, k, v, lens, table, window_size=window)
         assert torch.isfinite(out).all(), what
