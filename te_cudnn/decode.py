@@ -12,11 +12,14 @@ bandwidth (``benchmarks/2026-11-25-h100-decode/``).
 A decode loop keeps the lengths anyway (flash-attention's ``cache_seqlens``, vLLM's
 ``seq_lens``). ``fused_attn_decode`` hands that int32 ``[b]`` tensor to cuDNN as the
 key/value lengths (a view: no kernel), and the query side's lengths are a constant vector
-(``s_q`` each) made once per shape, so every row of O holds a query and cuDNN writes it:
-nothing is filled. With ``s_q > 1`` the new tokens attend causally, aligned to the end of
-each sequence's cache (bottom-right), as in speculative decoding. One call is the allocation of O (and the softmax stats), the pointers,
-the launch. The lengths are read on the device when the kernel runs, so a captured CUDA
-graph replays correctly after the loop updates ``cache_seqlens`` in place.
+(``s_q`` each) made once per shape. With one new token and no window cuDNN writes every row
+of O, zeros where a sequence's cache is empty (measured on cuDNN 9.19), so nothing is filled:
+one call is the allocation of O (and the softmax stats), the pointers, the launch. With
+``s_q > 1`` the new tokens attend causally, aligned to the end of each sequence's cache
+(bottom-right), as in speculative decoding; that mask leaves the rows that see no key
+unwritten (measured), so O is zero-filled first there, and under a window too (one kernel). The lengths are
+read on the device when the kernel runs, so a captured CUDA graph replays correctly after
+the loop updates ``cache_seqlens`` in place.
 
 The cache is either paged (a page pool ``[num_pages, page_size, hg, d]`` and a page table
 ``[b, pages_per_seq]``; head-major pools are read through their strides) or dense
@@ -61,6 +64,7 @@ class _Decode:
     lens_shape: tuple[int, int, int, int]  # (b, 1, 1, 1): how cuDNN sees cache_seqlens
     pages_shape: Optional[tuple[int, int, int, int]]  # (b, 1, pages_per_seq, 1), or None for a dense cache
     out_like_q: bool
+    fill: bool  # zero O first: the causal / windowed masks leave rows that see no key unwritten
 
 
 _memo: dict[tuple, _Decode] = {}
@@ -149,7 +153,9 @@ def fused_attn_decode(
     plan.hits += 1
     plan.last_used = next_tick()
     if out is None:
-        out = torch.empty_like(q if dec.out_like_q else prep.out_template)
+        out = (torch.zeros_like if dec.fill else torch.empty_like)(q if dec.out_like_q else prep.out_template)
+    elif dec.fill:
+        out.zero_()
     stats = torch.empty_like(prep.stats_template)
     buffers = [q, k_cache, v_cache, out, stats, dec.q_lens, cache_seqlens.view(dec.lens_shape)]
     if dec.pages_shape is not None:
@@ -252,6 +258,7 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
     dec = _Decode(
         prep=prep, b=b, q_lens=torch.full((b, 1, 1, 1), sq, dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
         pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
+        fill=mask != "padding",
     )  # fmt: skip
     if sig is not None:
         with _memo_lock:

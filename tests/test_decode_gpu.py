@@ -132,11 +132,13 @@ def test_speculative_tokens(paged, sq):
 
 
 def test_window_dense():
-    b, left = 3, 20
+    b, left = 4, 20
     k, v, _, dense = _cache(b, 1, 128, paged=False)
     q = torch.randn(b, 1, H, D, device="cuda").to(torch.bfloat16)
-    lens = torch.tensor([128, 7, 90], dtype=torch.int32, device="cuda")
-    out = tc.fused_attn_decode(q, k, v, lens, window_size=(left, 0))
+    lens = torch.tensor([128, 7, 90, 0], dtype=torch.int32, device="cuda")
+    out = torch.full((b, 1, H, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    tc.fused_attn_decode(q, k, v, lens, window_size=(left, 0), out=out)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))  # an idle slot under a window: zero
     r32, rlp = _reference(q, dense, lens, window=(left, 0))
     check_close("O (decode, window)", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
     full = tc.fused_attn_decode(q, k, v, lens)
