@@ -41,9 +41,9 @@ import torch
 from .backends import Direction, Uid
 from .config import _value
 from .empty import empty_fwd
-from .enums import META_O, META_QKV, META_S, FusedAttnBackend
+from .enums import FusedAttnBackend
 from .errors import CaptureMissError
-from .ops import _FWD_NAMES, _Prepared, _dependent_caches, _execute, _is_capturing, _meta, _prepare_fwd
+from .ops import _FWD_NAMES, _Prepared, _dependent_caches, _execute, _is_capturing, _meta, _prepare_fwd, fwd_call_args
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 
@@ -237,17 +237,11 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
     # describe_fwd checks cu_seqlens by shape, dtype and device only (never their values):
     # placeholders stand in for the lengths decode binds itself
     cu = torch.arange(b + 1, dtype=torch.int32, device=q.device)
-    args = dict(
+    args = fwd_call_args(
         is_training=False, max_seqlen_q=sq, max_seqlen_kv=capacity, cu_seqlens_q=cu, cu_seqlens_kv=cu, q=q, k=k, v=v,
-        qkv_dtype=None, fused_attention_backend=FusedAttnBackend.F16_arbitrary_seqlen, attn_bias=None,
-        attn_scale=attn_scale, dropout=0.0, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
-        page_table_k=page_table, page_table_v=page_table, qkv_layout=layout, attn_bias_type="no_bias",
-        attn_mask_type=mask, softmax_type="vanilla", window_size=window, bottom_right_diagonal=None,
-        softmax_offset=None, return_max_logit=False, cuda_graph=False, rng_gen=None, out=out,
-        softmax_lse=None,
-        d_scale_qkv=None, d_scale_qkv_offset=META_QKV, d_scale_s=None, d_scale_s_offset=META_S, q_scale_s=None,
-        q_scale_s_offset=META_S, q_scale_o=None, q_scale_o_offset=META_O, amax_s=None, amax_s_offset=META_S,
-        amax_o=None, amax_o_offset=META_O,
+        qkv_dtype=None, fused_attention_backend=FusedAttnBackend.F16_arbitrary_seqlen, attn_scale=attn_scale,
+        page_table_k=page_table, page_table_v=page_table, qkv_layout=layout, attn_mask_type=mask, window_size=window,
+        out=out,
     )  # fmt: skip
     prep = _prepare_fwd(None, args)
     cfg = prep.cfg

@@ -10,6 +10,7 @@ v are handed to cuDNN as strided views, results are allocated in the layout's ow
 from __future__ import annotations
 
 import atexit
+import inspect
 from array import array
 import logging
 import threading
@@ -928,6 +929,22 @@ def fused_attn_fwd(
     if max_rows is not None:
         return out, aux, _max_logit(max_rows, prep, cu_seqlens_q, cu_seqlens_q_padded)
     return out, aux
+
+
+_FWD_PARAMETERS = inspect.signature(fused_attn_fwd).parameters
+
+
+def fwd_call_args(**given: Any) -> dict[str, Any]:
+    """A forward call's arguments as :func:`_prepare_fwd` reads them: ``fused_attn_fwd``'s
+    defaults, then ``given`` (which must name its parameters and give the ones without a
+    default). For entry points that prepare a forward of their own (``te_cudnn.decode``)."""
+    unknown = given.keys() - _FWD_PARAMETERS.keys()
+    missing = [n for n, p in _FWD_PARAMETERS.items() if p.default is inspect.Parameter.empty and n not in given]
+    if unknown:
+        raise TypeError(f"fused_attn_fwd has no parameters {sorted(unknown)}")
+    if missing:
+        raise TypeError(f"fused_attn_fwd needs {missing}")
+    return {**{n: p.default for n, p in _FWD_PARAMETERS.items()}, **given}
 
 
 def _max_logit(rows: torch.Tensor, prep: _Prepared, cu_q: Optional[torch.Tensor], cu_q_padded: Optional[torch.Tensor]) -> torch.Tensor:

@@ -140,3 +140,18 @@ def test_cache_seqlens_property(dtype, n, dims):
     ok = dtype == torch.int32 and dims == 1 and n == B
     with pytest.raises((TypeError, ValueError), match="executes on CUDA" if ok else "cache_seqlens"):
         tc.fused_attn_decode(q, k, v, lens, table)
+
+
+def test_fwd_call_args():
+    """decode prepares its forward from fused_attn_fwd's own defaults (te_cudnn.ops.fwd_call_args)."""
+    from te_cudnn.ops import fwd_call_args
+
+    needed = dict(is_training=False, max_seqlen_q=1, max_seqlen_kv=8, cu_seqlens_q=None, cu_seqlens_kv=None, q=None,
+                  k=None, v=None, qkv_dtype=None)  # fmt: skip
+    args = fwd_call_args(**needed, attn_mask_type="no_mask")
+    assert args["attn_mask_type"] == "no_mask" and args["qkv_layout"] == "sbh3d" and args["amax_o_offset"] == tc.META_O
+    assert set(inspect.signature(tc.fused_attn_fwd).parameters) == set(args)
+    with pytest.raises(TypeError, match="no parameters"):
+        fwd_call_args(**needed, page_table=None)
+    with pytest.raises(TypeError, match="needs"):
+        fwd_call_args(q=None)
