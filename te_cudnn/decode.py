@@ -50,6 +50,7 @@ from .policy import token as _policy_token
 __all__ = ["fused_attn_decode"]
 
 _INT32 = torch.int32
+_is_compiling = torch.compiler.is_compiling
 _F16 = (torch.float16, torch.bfloat16)
 _MEMO_LIMIT = 1024
 
@@ -120,7 +121,12 @@ def fused_attn_decode(
     Raises ``TypeError`` / ``ValueError`` for malformed input (naming the argument),
     ``UnsupportedConfigError`` with the sub-backend's reasons when cuDNN cannot run it,
     :class:`CaptureMissError` for a first call inside a CUDA-graph capture.
+
+    Under ``torch.compile`` the call traces to the custom operator ``torch.ops.te_cudnn.decode``
+    (no graph break; its fake gives the results' shapes); a given ``out`` is then written by a copy.
     """
+    if _is_compiling():
+        return _traced(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_size, out, return_softmax_lse)
     try:
         sig: Optional[tuple] = (
             q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
@@ -163,6 +169,18 @@ def fused_attn_decode(
         buffers += (table, table)
     _execute(plan, buffers, prep.device, _FWD_NAMES)
     return (out, stats) if return_softmax_lse else out
+
+
+def _traced(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_size, out, return_softmax_lse) -> Any:
+    """The call as torch.compile sees it: one ``te_cudnn::decode`` node (validated when it runs)."""
+    from .torch_ops import decode_op  # noqa: PLC0415 - torch_ops imports this module's dependencies
+
+    (left, _), _mask = _window(window_size, q.shape[1])
+    o, lse = decode_op(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, left)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_softmax_lse else o
 
 
 def _check_seqlens(t: Any, b: int, device: torch.device) -> None:

@@ -2,7 +2,8 @@
 
 ``torch.ops.te_cudnn.fwd`` / ``bwd`` run the cached cuDNN plans of :func:`te_cudnn.fused_attn_fwd`
 / :func:`te_cudnn.fused_attn_bwd`; ``fp8_fwd`` / ``fp8_bwd`` do the same for FP8 attention
-inside a higher-precision model (casts and fused kernels in one op). Each op has a fake
+inside a higher-precision model (casts and fused kernels in one op); ``decode`` runs
+:func:`te_cudnn.fused_attn_decode` (forward only), which traces to it. Each op has a fake
 (meta) implementation giving the exact shapes, dtypes and strides of its results, so
 ``torch.compile`` traces through it without a graph break (also with dynamic shapes), and an
 autograd formula (``fwd``: a hand-written Autograd kernel, see :func:`_fwd_autograd`; ``fp8_fwd``:
@@ -72,6 +73,9 @@ FP8_BWD_SCHEMA = ("(Tensor d_out, Tensor q8, Tensor k8, Tensor v8, Tensor o8, Te
                   "Tensor? cu_seqlens_kv, Tensor fwd_scale, Tensor fwd_scale_inv, Tensor bwd_scale, "
                   "Tensor bwd_scale_inv, Tensor bwd_amax_history, ScalarType bwd_format, ScalarType out_dtype, "
                   f"{_FP8_OPTS}) -> (Tensor, Tensor, Tensor, Tensor)")  # fmt: skip
+#: ``te_cudnn.fused_attn_decode`` (forward only, no autograd): what it traces to under torch.compile
+DECODE_SCHEMA = ("(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? page_table, "
+                 "float? attn_scale, int window_left) -> (Tensor, Tensor)")  # fmt: skip
 
 try:
     _is_compiling = torch.compiler.is_compiling
@@ -501,6 +505,24 @@ def _fp8_fwd_backward(ctx, d_out, *_unused):
     return (dq, dk, dv) + (None,) * (13 + len(ctx.opts) - 3)
 
 
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_left):
+    """``te_cudnn::decode``: :func:`te_cudnn.fused_attn_decode` into a fresh contiguous O (the
+    fake's strides, whatever q's), returning ``(out, softmax_lse)``."""
+    from .decode import fused_attn_decode  # noqa: PLC0415 - decode imports ops, as this module does
+
+    b, sq, h = q.shape[:3]
+    out = torch.empty((b, sq, h, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+    window = (-1, -1) if window_left < 0 else (window_left, 0)
+    _, lse = fused_attn_decode(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale=attn_scale,
+                               window_size=window, out=out, return_softmax_lse=True)  # fmt: skip
+    return out, lse
+
+
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_left):
+    b, sq, h = q.shape[:3]
+    return q.new_empty((b, sq, h, v_cache.shape[-1])), q.new_empty((b, h, sq, 1), dtype=torch.float32)
+
+
 #: The ops are defined with ``torch.library.Library`` (define / impl / register_fake) rather than
 #: ``torch.library.custom_op``: the dispatcher calls our function directly instead of through
 #: custom_op's Python wrappers, which cost tens of microseconds per call in compiled graphs
@@ -521,11 +543,12 @@ fwd_op = _define("fwd", FWD_SCHEMA, _fwd_impl, _fwd_fake)
 bwd_op = _define("bwd", BWD_SCHEMA, _bwd_impl, _bwd_fake)
 fp8_fwd_op = _define("fp8_fwd", FP8_FWD_SCHEMA, _fp8_fwd_impl, _fp8_fwd_fake)
 fp8_bwd_op = _define("fp8_bwd", FP8_BWD_SCHEMA, _fp8_bwd_impl, _fp8_bwd_fake)
+decode_op = _define("decode", DECODE_SCHEMA, _decode_impl, _decode_fake)
 _lib.impl("fwd", _fwd_autograd, "Autograd", with_keyset=True)
 torch.library.register_autograd("te_cudnn::fp8_fwd", _fp8_fwd_backward, setup_context=_fp8_fwd_setup, lib=_lib)
 
 #: name -> OpOverload (``torch.ops.te_cudnn.<name>.default``)
-OPS = {"fwd": fwd_op, "bwd": bwd_op, "fp8_fwd": fp8_fwd_op, "fp8_bwd": fp8_bwd_op}
+OPS = {"fwd": fwd_op, "bwd": bwd_op, "fp8_fwd": fp8_fwd_op, "fp8_bwd": fp8_bwd_op, "decode": decode_op}
 
 
 # ------------------------------------------------------------------------------------------

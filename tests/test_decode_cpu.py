@@ -155,3 +155,28 @@ def test_fwd_call_args():
         fwd_call_args(**needed, page_table=None)
     with pytest.raises(TypeError, match="needs"):
         fwd_call_args(q=None)
+
+
+@pytest.mark.parametrize("sq,paged", [(1, True), (4, False)], ids=["decode-paged", "speculative4-dense"])
+def test_compile_traces_to_the_decode_op(sq, paged):
+    """Under torch.compile (fullgraph: no graph break) the call is one te_cudnn::decode node whose
+    fake gives O [b, s_q, h, d_v] and the stats [b, h, s_q, 1]; a given out= is written by a copy."""
+    graphs = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(q, k, v, lens, table, out):
+        o, lse = tc.fused_attn_decode(q, k, v, lens, table, out=out, return_softmax_lse=True)
+        return o * 2, lse
+
+    q, k, v, lens, table = (t if t is None else t.to("meta") for t in _inputs(paged, sq=sq))
+    out = torch.empty(B, sq, H, D, dtype=BF16, device="meta")
+    torch._dynamo.reset()
+    o, lse = torch.compile(step, backend=backend, fullgraph=True)(q, k, v, lens, table, out)
+    torch._dynamo.reset()
+    assert o.shape == (B, sq, H, D) and o.dtype == BF16 and o.device.type == "meta"
+    assert lse.shape == (B, H, sq, 1) and lse.dtype == torch.float32
+    (gm,) = graphs
+    assert "torch.ops.te_cudnn.decode" in gm.code and "copy_" in gm.code

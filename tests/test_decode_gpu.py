@@ -220,3 +220,23 @@ def test_random_configurations():
         assert torch.isfinite(out).all(), what
         r32, rlp = _reference(q, dense, lens, window)
         check_close(f"O ({what})", out.permute(0, 2, 1, 3), r32.out, rlp.out, dtype)
+
+
+def test_custom_op_and_torch_compile():
+    """te_cudnn::decode passes torch.library.opcheck (fake vs real, schema, autograd registration);
+    a compiled step (fullgraph) gives the eager bits, and reads lengths bumped in place."""
+    k, v, table, _ = _cache(3, 16, 4)
+    q = torch.randn(3, 1, H, D, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([9, 40, 1], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.te_cudnn.decode.default, (q, k, v, lens, table, None, -1))
+    kd, vd, _, _ = _cache(3, 1, 64, paged=False)
+    torch.library.opcheck(torch.ops.te_cudnn.decode.default, (q, kd, vd, lens, None, 0.1, 7))
+
+    def step(q, k, v, lens, table):
+        return tc.fused_attn_decode(q, k, v, lens, table, return_softmax_lse=True)
+
+    compiled = torch.compile(step, fullgraph=True)
+    for _ in range(2):
+        (out_c, lse_c), (out_e, lse_e) = compiled(q, k, v, lens, table), step(q, k, v, lens, table)
+        assert torch.equal(out_c, out_e) and torch.equal(lse_c, lse_e)
+        lens += 5
