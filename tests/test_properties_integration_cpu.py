@@ -762,10 +762,13 @@ def _m_padding_mask_bad(draw, c: FwdCase) -> bool:
     if not _mask_path(c):
         return False
     b, sq, *_ = c.dims
-    bad = draw(st.sampled_from([
+    candidates = [
         torch.zeros(b, 1, 1, sq, dtype=torch.int32), torch.zeros(b, 1, sq, dtype=torch.bool),
         torch.zeros(b, 1, sq, sq, dtype=torch.bool), torch.zeros(b, 1, 1, sq), torch.zeros(b, sq, dtype=torch.bool),
-    ])).to(c.device)  # fmt: skip
+    ]  # fmt: skip
+    # with sq = 1 a [b, 1, sq, sq] bool mask is the well-formed [b, 1, 1, sq] one (seed 1923347629)
+    well_formed = ((b, 1, 1, sq), torch.bool)
+    bad = draw(st.sampled_from([t for t in candidates if (tuple(t.shape), t.dtype) != well_formed])).to(c.device)
     m = c.kw["attention_mask"]
     c.kw["attention_mask"] = (bad, m[1]) if isinstance(m, tuple) else bad
     c.error("padding-mask-malformed", {"attention_mask"})

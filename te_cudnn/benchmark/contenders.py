@@ -9,9 +9,10 @@ callable for each timed mode: ``fwd``, ``bwd`` (after a forward, whose results
 
 Contenders: te_cudnn forced to each sub-backend (``F16_arbitrary_seqlen``, ``F16_max512_seqlen``,
 ``FP8``) and autotuned (when ``te_cudnn.plans.tune`` exists); on decode cases also
-``te_cudnn.fused_attn_decode`` on the paged cache and on the dense cache torch SDPA reads; the same cuDNN graph built by hand
-with the frontend (its heuristics, ``graph.execute``); torch SDPA with each CUDA backend (BHSD
-views of the same bshd data, ``enable_gqa``); FlexAttention compiled once per case.
+``te_cudnn.fused_attn_decode`` on the paged cache and on the dense cache torch SDPA reads; the
+same cuDNN graph built by hand with the frontend (its heuristics, ``graph.execute``); torch SDPA
+with each CUDA backend (BHSD views of the same bshd data, ``enable_gqa``); FlexAttention
+compiled once per case.
 
 The contenders themselves live in :mod:`.te_contender` (te_cudnn), :mod:`.handbuilt` (the
 frontend graph by hand) and :mod:`.torch_contenders` (torch SDPA, FlexAttention); this module
