@@ -186,7 +186,7 @@ class TeCudnnDecodeRun(Run):
         self._decode = fused_attn_decode
         self.q = inp.q
         cu = inp.cu_seqlens_kv
-        self.lens = (cu[1:] - cu[:-1]).contiguous()
+        self.lens = cu[1:] - cu[:-1]  # a new int32 [b] tensor (contiguous, 16-byte aligned)
         if dense:
             k, v = inp.dense_kv()
             self.k, self.v, self.table = k.transpose(1, 2), v.transpose(1, 2), None
