@@ -232,6 +232,54 @@ def test_measure_rejects_bad_timer_output() -> None:
     assert "no valid samples" in t.error
 
 
+def fake_group_timer(runs, *, warmup: int, reps: int) -> list:
+    """A fake side-by-side timer: runs each run once per round, in rotating order (as the
+    device's does); samples from FAKE_MS by the order of first runs (not measurements)."""
+    order: list[int] = []
+    for r in range(reps):
+        for i in list(range(len(runs)))[r % len(runs):] + list(range(len(runs)))[: r % len(runs)]:
+            runs[i]()
+            order.append(i)
+    names = [n for n in FAKE_MS if not n.startswith("sdpa_fwd")]
+    return [RuntimeError("CUDNN_STATUS_EXECUTION_FAILED") if i >= len(names) else FAKE_MS[names[i]] * reps
+            for i in range(len(runs))]  # fmt: skip
+
+
+def test_measure_side_by_side_times_every_prepared_candidate_in_rounds() -> None:
+    ran: list[int] = []
+    timings = measure(CANDIDATES, lambda c: (lambda: ran.append(c.index)), group_timer=fake_group_timer, warmup=2,
+                      reps=3)  # fmt: skip
+    # the not-built candidate never runs; the others run once per round, the first one rotating
+    assert ran == [0, 1, 2, 4, 1, 2, 4, 0, 2, 4, 0, 1]
+    by = {t.index: t for t in timings}
+    assert [t.index for t in timings] == [c.index for c in CANDIDATES]  # the candidates' order, whatever the rounds
+    assert by[0].median_ms == 0.52 and by[0].min_ms == 0.50 and by[0].samples == 9
+    assert by[1].median_ms == 0.41 and by[2].median_ms == 0.45
+    assert by[3].error.startswith("not built")
+    assert by[4].error == "RuntimeError: CUDNN_STATUS_EXECUTION_FAILED" and by[4].median_ms is None
+
+
+def test_measure_side_by_side_keeps_refusals_and_bad_samples_per_candidate() -> None:
+    def run_for(c: Candidate):
+        if c.index == 1:
+            raise TuningError("numerics: o: relative difference 3.1e-01 from the heuristic plan's result exceeds 2.0e-02")
+        return lambda: None
+
+    def group(runs, *, warmup, reps):
+        assert len(runs) == 2  # the refused candidate is not timed
+        return [[0.5, 0.6], [float("inf")]]
+
+    by = {t.index: t for t in measure(CANDIDATES[:3], run_for, group_timer=group)}
+    assert by[0].median_ms == pytest.approx(0.55) and by[0].samples == 2
+    assert by[1].error.startswith("TuningError: numerics") and "no valid samples" in by[2].error
+    with pytest.raises(TuningError, match="returned 1 results for 2 candidates"):
+        measure(CANDIDATES[:3], run_for, group_timer=lambda runs, **kw: [[1.0]])
+    with pytest.raises(TypeError, match="one of timer= and group_timer="):
+        measure(CANDIDATES, run_for)
+    with pytest.raises(TypeError, match="one of timer= and group_timer="):
+        measure(CANDIDATES, run_for, fake_timer, group_timer=group)
+
+
 def test_choose_fastest_keeps_heuristic_within_margin_and_breaks_ties() -> None:
     timings = measure(CANDIDATES, lambda c: (lambda: None), fake_timer)
     chosen, heuristic, rule = choose(timings, heuristic_index=0)

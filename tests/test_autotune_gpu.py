@@ -399,3 +399,24 @@ def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, spl
         assert x.shape == y.shape and x.stride() == y.stride(), name
         torch.testing.assert_close(x, y, atol=1e-2, rtol=1e-2, msg=lambda m: f"{name}: {m}")
     torch.testing.assert_close(meta_parts.bwd.amax_history, meta_whole.bwd.amax_history, atol=0, rtol=1e-2)
+
+
+def test_interleaved_timer_times_runs_side_by_side_and_isolates_a_failing_one() -> None:
+    """The device's default timer: one list of samples per run, ``reps`` each; a run that raises
+    is returned as its exception while the others are still timed; times scale with the work
+    (a matmul of twice the size is ~8x the work)."""
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    calls = {"bad": 0}
+
+    def bad() -> None:
+        calls["bad"] += 1
+        if calls["bad"] > 2:  # fails in the rounds, after its warm-up and estimate
+            raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+
+    small, large, failed = tune_mod.interleaved_event_timer([lambda: a @ a, lambda: b @ b, bad], warmup=1, reps=5)
+    assert len(small) == 5 and len(large) == 5 and all(x > 0 for x in small + large)
+    assert isinstance(failed, RuntimeError)
+    ratio = sorted(large)[2] / sorted(small)[2]
+    print(f"2048^3 / 1024^3 matmul time ratio: {ratio:.2f}")
+    assert 3.0 < ratio < 12.0
