@@ -821,10 +821,13 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
 
     Why not one candidate at a time: a few milliseconds of work after an idle spell run at the
     GPU's boost clock, while training runs at the clock its power limit allows under sustained
-    load, and engines differ in how they fare there. H100, cuDNN 9.19, Llama forward (b=2, h=32,
-    hg=8, s=8K, causal): timed alone for ~20 ms each, eng2_k24=7 (the heuristic plan) and eng2
-    took 1.72 ms both; side by side under load, 1.98 and 1.77 ms
-    (``benchmarks/2026-11-26-h100-sdpa-implementation/``). Launches of a host-bound run are
+    load, and clock drift during tuning would favour whichever candidate ran in the faster
+    spell; side by side, every candidate sees the same conditions (as the benchmark times its
+    contenders). H100, cuDNN 9.19, Llama forward (b=2, h=32, hg=8, s=8K, causal): timed alone
+    for ~20 ms each (record version 1), eng2_k24=7 (the heuristic plan) and eng2 both took
+    1.72 ms, while a full benchmark measured the heuristic plan at 1.9-2.0 ms in sustained runs
+    (``benchmarks/2026-11-26-h100-sdpa-implementation/``,
+    ``benchmarks/2026-11-26-h100-tune-interleaved/``). Launches of a host-bound run are
     queued behind a spin of the stream so that host time is not timed."""
     import torch  # noqa: PLC0415
 
