@@ -114,16 +114,25 @@ def _reference(q, k, v, bias, offset, case: Case, layout: QKVLayout, d_o, comput
     return ref, grads
 
 
-def _sink_grad_from_rounded_out(ref, offset: torch.Tensor, d_o: torch.Tensor, d_sink: torch.Tensor, dtype) -> float:
-    """Relative error of the exact sink gradient computed from the O rounded to ``dtype``.
+def _sink_grad_inherited_error(ref, offset: torch.Tensor, d_o: torch.Tensor, d_sink: torch.Tensor, out: torch.Tensor,
+                               dtype) -> float:  # fmt: skip
+    """Relative error the sink gradient inherits from the forward's O, whatever the kernel does.
 
     ``d alpha_h = -sum_(b,i) p_sink(b,h,i) * (dO_bhi . O_bhi)`` with ``p_sink = exp(alpha_h - lse)``:
-    the backward reads the O the forward returned, already rounded, and the rows' terms can
-    cancel, so this much error is there whatever the kernel does."""
+    the backward reads the O the forward returned (TE's contract), and the rows' terms can
+    cancel. Computed exactly from the fp32 reference, with two versions of O: the reference
+    rounded to ``dtype`` (the floor no kernel avoids) and ``out``, the O te_cudnn returned
+    (held to its own bound by the O check); the larger error counts. Seed 1991199800, case 25
+    (bf16, b=3, h=4, s=384, causal) failed when only the rounding counted: error 6.06e-3 against
+    a bound of 5.64e-3, the rounding floor being 9.6e-4."""
     p_sink = torch.exp(offset.detach().float().view(1, -1, 1, 1) - ref.lse.detach().float())[..., 0]
-    out = ref.out.detach().float()
-    delta = (d_o.float() * (out.to(dtype).float() - out)).sum(-1)
-    return float((p_sink * delta).sum((0, 2)).double().norm() / d_sink.detach().double().norm().clamp_min(1e-30))
+    exact = ref.out.detach().float()
+    norm = d_sink.detach().double().norm().clamp_min(1e-30)
+    errs = []
+    for o in (exact.to(dtype).float(), out.detach().float()):
+        delta = (d_o.float() * (o - exact)).sum(-1)
+        errs.append(float((p_sink * delta).sum((0, 2)).double().norm() / norm))
+    return max(errs)
 
 
 def _run(case: Case) -> dict[str, float]:
@@ -149,7 +158,8 @@ def _run(case: Case) -> dict[str, float]:
     for name, got, want, same in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref_grads, low_grads):
         errors[name] = check_close(f"{name} {case}", to_bhsd(got, layout), want, same, case.dtype)
     if d_sink is not None:
-        unavoidable = _sink_grad_from_rounded_out(ref, offset, to_bhsd(d_o, layout), ref_grads[3], case.dtype)
+        unavoidable = _sink_grad_inherited_error(ref, offset, to_bhsd(d_o, layout), ref_grads[3], to_bhsd(out, layout),
+                                                 case.dtype)  # fmt: skip
         errors["d_sink"] = check_close(f"d_softmax_offset {case}", d_sink, ref_grads[3], low_grads[3], case.dtype,
                                        unavoidable=unavoidable)  # fmt: skip
     return errors
