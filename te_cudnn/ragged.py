@@ -78,6 +78,20 @@ def seq_lens_pair(cu_q: torch.Tensor, cu_kv: torch.Tensor, batch: int, ext_q: to
     return lens_q.view(batch, 1, 1, 1), lens_kv.view(batch, 1, 1, 1)
 
 
+def one_query_lens(lens_q: torch.Tensor, lens_kv: torch.Tensor, ones: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lengths to bind when every sequence has at most one query row (``max_seqlen_q = 1``,
+    dense layouts, a padding mask): query lengths of 1 (``ones``), and no keys for a sequence
+    whose query length is 0.
+
+    cuDNN's single-row engines compute row 0 of every sequence whatever its query length: a
+    sequence with no query gets a row of attention where te_cudnn promises zeros (cuDNN 9.19 on an
+    H100, every engine the heuristics offer: ``tools/probe_empty_rows.py``). A row that sees no
+    key is written as zeros, so the remapped lengths give exactly that row, and leave the other
+    sequences' rows bit-identical (same run). A query length above 1 (malformed input) counts as
+    1, so the keys read never exceed the caller's. Two small kernels, where the lengths are computed."""
+    return ones, lens_kv * lens_q.clamp(0, 1)
+
+
 def ragged_offsets(
     cu_seqlens_padded: torch.Tensor, multipliers: torch.Tensor, batch: int, extended: Optional[torch.Tensor] = None
 ) -> torch.Tensor:

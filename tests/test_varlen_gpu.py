@@ -200,6 +200,45 @@ def test_decode_sq_1(layout):
     assert torch.isfinite(out).all()
 
 
+ONE_ROW_LQ, ONE_ROW_LKV = [1, 0, 1, 0, 1, 1], [40, 64, 0, 0, 1, 17]
+
+
+@pytest.mark.parametrize("mask", PADDING_MASKS)
+@pytest.mark.parametrize("layout", ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bshd_bs2hd"])
+def test_one_query_row_with_empty_sequences(layout, mask):
+    """max_seqlen_q = 1 with sequences that have no query and sequences that have no key. cuDNN's
+    one-row engines compute row 0 of a sequence with no query (tools/probe_empty_rows.py): te_cudnn
+    remaps the lengths, so that row is exactly zero in O and no gradient flows from it."""
+    run_varlen(layout, mask, torch.bfloat16, ONE_ROW_LQ, ONE_ROW_LKV, h=8, hg=2, s_max_q=1, s_max_kv=64)
+
+
+@pytest.mark.parametrize("mask", PADDING_MASKS)
+def test_one_query_row_writes_every_row_of_out(mask):
+    """The same batch, inference, into an ``out`` prefilled with NaN: O is not zero-filled first
+    there, so every row must be written by cuDNN: zeros for the sequences without a query or key,
+    the reference's rows elsewhere."""
+    b, h, hg, d, skv = len(ONE_ROW_LQ), 8, 2, 64, 64
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(b, 1, h, d, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(b, skv, hg, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    cu_q, cu_kv = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device="cuda")
+                   for n in (ONE_ROW_LQ, ONE_ROW_LKV))  # fmt: skip
+    out = torch.full((b, 1, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):  # the first call prepares, the second runs the cached path
+        out.fill_(float("nan"))
+        got, _ = tc.fused_attn_fwd(False, 1, skv, cu_q, cu_kv, q, k, v, torch.bfloat16, None, qkv_layout="bshd_bshd_bshd",
+                                   attn_mask_type=mask, out=out)  # fmt: skip
+        assert got is out and torch.isfinite(out).all(), "every row of O must be written"
+    lq, lkv = (torch.tensor(n, device="cuda") for n in (ONE_ROW_LQ, ONE_ROW_LKV))
+    empty = (lq == 0) | (lkv == 0)
+    assert (out[empty] == 0).all()
+    bhsd = [t.transpose(1, 2).float() for t in (q, k, v)]
+    ref = attention_reference(*bhsd, attn_mask_type=mask, seqlens_q=lq, seqlens_kv=lkv).out.transpose(1, 2)
+    torch.testing.assert_close(out[~empty].float(), ref[~empty], rtol=2e-2, atol=2e-2)
+    prep = next(p for p in tc.ops._fwd_memo.values() if p.cfg.sq == 1 and p.cfg.b == b and p.cfg.mask.name == mask)
+    assert not prep.fill_out
+
+
 def test_random_batches_reuse_a_handful_of_plans():
     """50 batches of random composition: results are right every time, plans stay few."""
     rng = random.Random(2026)
