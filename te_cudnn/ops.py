@@ -49,8 +49,9 @@ from .plans.split import chosen_split, slice_operand, split_config
 from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
-from .ragged import (bucket_batch, bucket_seqlen, bucket_tokens, extend, offsets_view, one_query_lens, ragged_offsets,
-                     seq_lens_pair)
+from .ragged import (bucket_batch, bucket_seqlen, bucket_tokens, every_key_lens, extend, offsets_view, one_query_lens,
+                     ragged_offsets, seq_lens_pair)
+from .row_fill import Lengths, fills_grads, fills_out, length_remap
 from .runtime import RuntimeEnv, current_env, frontend_version
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces"]
@@ -90,8 +91,10 @@ class _Prepared:
     empty: bool = False  # a zero-size call: answered by te_cudnn.empty, never by cuDNN
     cu_len: Optional[int] = None  # varlen: the length every cu_seqlens* must have (None: THD, varies per call)
     runtime_kind: tuple = ()  # varlen: what the runtime buffers depend on besides the cu_seqlens (cache key)
-    one_query: Optional[torch.Tensor] = None  # int32 ones [b,1,1,1]: the query lengths bound when max_seqlen_q = 1
+    lengths: Lengths = Lengths.AS_GIVEN  # padding masks: the lengths bound (te_cudnn.row_fill)
+    one_query: Optional[torch.Tensor] = None  # int32 ones [b,1,1,1]: the query lengths of Lengths.ONE_QUERY
     fill_out: bool = False  # forward: zero O before cuDNN writes it (rows cuDNN may leave unwritten)
+    fill_grads: bool = False  # backward: zero dQ, dK, dV likewise
     plan: Optional[CompiledPlan] = None
     split_plan: Optional[tuple] = None  # FP8 backward run in parts: ((dim, parts), the parts' plan)
     index: int = -1  # device.index, read on every launch (set from device)
@@ -242,9 +245,13 @@ def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) ->
     batch = cfg.b
     ext_q = extend(cu_q, batch)
     ext_kv = ext_q if cu_kv is cu_q else extend(cu_kv, batch)
-    if cfg.mask.is_padding:
-        lens = seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
-        out += lens if prep.one_query is None else one_query_lens(*lens, prep.one_query)
+    if cfg.mask.is_padding:  # te_cudnn.row_fill: the lengths as given, or remapped so cuDNN writes every row
+        if prep.lengths is Lengths.ONE_QUERY:
+            out += one_query_lens(ext_q, ext_kv, batch, prep.one_query)
+        elif prep.lengths is Lengths.EVERY_KEY:
+            out += every_key_lens(*seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv))
+        else:
+            out += seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
     base_q = ext_q if cu_q_padded is None else extend(cu_q_padded, batch)
     same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
     if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
@@ -263,28 +270,18 @@ def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) ->
 def _runtime_kind(cfg: AttnConfig) -> tuple:
     """Everything besides the cu_seqlens tensors that ``_runtime_buffers`` reads (see _mult_fields)."""
     return (cfg.mask.is_padding, cfg.ragged_q, cfg.ragged_kv, cfg.b, cfg.h, cfg.d_v, cfg.q_stride, cfg.k_stride,
-            cfg.v_stride, cfg.device, _one_query(cfg))  # fmt: skip
+            cfg.v_stride, cfg.device)  # fmt: skip
 
 
-def _one_query(cfg: AttnConfig) -> bool:
-    """At most one query row per sequence under a padding mask (dense q): the lengths are
-    remapped (see te_cudnn.ragged.one_query_lens)."""
-    return cfg.mask.is_padding and not cfg.ragged_q and cfg.sq == 1
-
-
-def _one_query_fields(prep: "_Prepared") -> None:
-    if _one_query(prep.cfg):
-        prep.one_query = torch.ones((prep.cfg.b, 1, 1, 1), dtype=torch.int32, device=prep.device)
-
-
-def _fills_out(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """Whether a padding-mask / THD forward zero-fills O before cuDNN writes it. Not with one
-    query row per sequence on the F16 arbitrary-seqlen sub-backend (no window, bias, dropout or
-    sink): after the length remap every row holds a query, and a row that sees no key is written
-    as zeros (measured on every engine the heuristics offer there, cuDNN 9.19; the same graph as
-    ``fused_attn_decode``'s, which never fills; the GPU tests prefill O with NaN)."""
-    return not (_one_query(cfg) and backend.enum == FusedAttnBackend.F16_arbitrary_seqlen and not cfg.has_window
-                and not cfg.has_dropout and not cfg.has_sink and cfg.bias_type == AttnBiasType.no_bias)  # fmt: skip
+def _length_fields(prep: "_Prepared") -> None:
+    """The lengths the call binds and what it zero-fills (te_cudnn.row_fill)."""
+    cfg, backend = prep.cfg, prep.backend
+    prep.lengths = length_remap(cfg, backend)
+    if prep.lengths is Lengths.ONE_QUERY:
+        prep.one_query = torch.ones((cfg.b, 1, 1, 1), dtype=torch.int32, device=prep.device)
+    prep.runtime_kind = (*_runtime_kind(cfg), prep.lengths)
+    prep.fill_out = fills_out(cfg, backend)
+    prep.fill_grads = fills_grads(cfg, backend)
 
 
 def _mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[torch.Tensor]]:
@@ -1070,9 +1067,7 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
-    prep.runtime_kind = _runtime_kind(cfg)
-    _one_query_fields(prep)
-    prep.fill_out = prep.varlen and _fills_out(cfg, backend)
+    _length_fields(prep)
     prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
                       or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit)  # fmt: skip
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
@@ -1218,7 +1213,7 @@ def fused_attn_bwd(
                                            cu_seqlens_kv_padded) if prep.varlen else []  # fmt: skip
             return _split_bwd(prep, split, [q, k, v, o, aux_ctx_tensors[0], d_o], scales, lens,
                               amax_dp.narrow(0, amax_dp_offset, 1), amax_dqkv.narrow(0, amax_dqkv_offset, 1))
-    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.varlen, dtype=cfg.do_dtype)
+    dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.fill_grads, dtype=cfg.do_dtype)
     if prep.softmax_aux:
         return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
     # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
@@ -1404,8 +1399,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         **_mult_fields(cfg, a["q"].device),
     )
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
-    prep.runtime_kind = _runtime_kind(cfg)
-    _one_query_fields(prep)  # the forward's remapped lengths: no gradient flows from a sequence with no query
+    _length_fields(prep)  # the forward's lengths
     prep.full_lens = _full_lens(cfg, prep)
     prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
     prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias)

@@ -78,18 +78,27 @@ def seq_lens_pair(cu_q: torch.Tensor, cu_kv: torch.Tensor, batch: int, ext_q: to
     return lens_q.view(batch, 1, 1, 1), lens_kv.view(batch, 1, 1, 1)
 
 
-def one_query_lens(lens_q: torch.Tensor, lens_kv: torch.Tensor, ones: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def one_query_lens(ext_q: torch.Tensor, ext_kv: torch.Tensor, batch: int,
+                   ones: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The lengths to bind when every sequence has at most one query row (``max_seqlen_q = 1``,
-    dense layouts, a padding mask): query lengths of 1 (``ones``), and no keys for a sequence
-    whose query length is 0.
+    dense layouts, a padding mask): query lengths of 1 (``ones``, ``[batch, 1, 1, 1]``), and no
+    keys for a sequence whose query length is 0 (``te_cudnn.row_fill``: cuDNN's one-row engines
+    compute row 0 of every sequence; a row that sees no key is written as zeros).
+    ``ext_q`` / ``ext_kv``: :func:`extend`'s cu_seqlens.
 
-    cuDNN's single-row engines compute row 0 of every sequence whatever its query length: a
-    sequence with no query gets a row of attention where te_cudnn promises zeros (cuDNN 9.19 on an
-    H100, every engine the heuristics offer: ``tools/probe_empty_rows.py``). A row that sees no
-    key is written as zeros, so the remapped lengths give exactly that row, and leave the other
-    sequences' rows bit-identical (same run). A query length above 1 (malformed input) counts as
-    1, so the keys read never exceed the caller's. Two small kernels, where the lengths are computed."""
-    return ones, lens_kv * lens_q.clamp(0, 1)
+    The key lengths are ``len_kv & -len_q`` (one kernel after the subtraction that also gives
+    ``-len_q``): ``len_kv`` for a query length of 1, 0 for 0, and never more than ``len_kv`` for
+    malformed query lengths (a negative or a larger one), so no key past the caller's is read."""
+    neg_q, lens_kv = torch._foreach_sub([ext_q[:-1], ext_kv[1:]], [ext_q[1:], ext_kv[:-1]])
+    return ones, torch.bitwise_and(lens_kv, neg_q).view(batch, 1, 1, 1)
+
+
+def every_key_lens(lens_q: torch.Tensor, lens_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lengths to bind for longer queries when te_cudnn relies on cuDNN to write every row
+    (``te_cudnn.row_fill``): key lengths of at least 1, and no query rows for a sequence without
+    keys, so its rows are all past its end (written as zeros) instead of a sequence some engines
+    skip. Other sequences keep their lengths. Three small kernels, where the lengths are computed."""
+    return lens_q * lens_kv.clamp(0, 1), lens_kv.clamp(min=1)
 
 
 def ragged_offsets(

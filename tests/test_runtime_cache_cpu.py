@@ -22,7 +22,7 @@ def _prep(layout: str, mask: str, q, k, v, cu):
     prep = ops._Prepared(cfg=cfg, backend=BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen], key=None, out_shape=(),
                          stats_shape=(), device=q.device, rng_increment=0, varlen=True,
                          **ops._mult_fields(cfg, q.device))  # fmt: skip
-    prep.runtime_kind = ops._runtime_kind(cfg)
+    ops._length_fields(prep)
     return prep
 
 
@@ -106,54 +106,3 @@ def test_forget_prepared_clears_the_op_launchers() -> None:
     ops.forget_prepared()
     assert not torch_ops._fwd_launchers and not torch_ops._bwd_launchers
 
-
-def _one_query_prep(mask: str, lens_q: list[int], lens_kv: list[int], *, window=(-1, -1), dropout: float = 0.0):
-    b, skv = len(lens_q), 64
-    q = torch.randn(b, 1, 4, 32, dtype=torch.bfloat16)
-    k, v = (torch.randn(b, skv, 2, 32, dtype=torch.bfloat16) for _ in range(2))
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
-    cu_kv = torch.tensor([0, *torch.tensor(lens_kv).cumsum(0).tolist()], dtype=torch.int32)
-    cfg = describe_fwd(is_training=dropout > 0, max_seqlen_q=1, max_seqlen_kv=skv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
-                       q=q, k=k, v=v, qkv_dtype=q.dtype, qkv_layout=QKVLayout.bshd_bshd_bshd, attn_bias_type="no_bias",
-                       attn_mask_type=mask, window_size=window, attn_bias=None, attn_scale=None, dropout=dropout,
-                       softmax_type="vanilla", bottom_right_diagonal=None)  # fmt: skip
-    backend = BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen]
-    prep = ops._Prepared(cfg=cfg, backend=backend, key=None, out_shape=(), stats_shape=(), device=q.device,
-                         rng_increment=0, varlen=True, **ops._mult_fields(cfg, q.device))  # fmt: skip
-    prep.runtime_kind = ops._runtime_kind(cfg)
-    ops._one_query_fields(prep)
-    return prep, cu_q, cu_kv, backend
-
-
-@pytest.mark.parametrize("mask", ["padding", "padding_causal", "padding_causal_bottom_right"])
-def test_one_query_row_remaps_the_lengths(mask: str) -> None:
-    """max_seqlen_q = 1: every sequence is bound with one query row, and a sequence without a
-    query gets no keys (cuDNN writes such a row as zeros; it would compute row 0 otherwise)."""
-    prep, cu_q, cu_kv, backend = _one_query_prep(mask, [1, 0, 1, 0, 1], [40, 64, 0, 0, 3])
-    lens_q, lens_kv = ops._runtime_buffers(prep, cu_q, cu_kv, None, None)
-    assert lens_q.shape == lens_kv.shape == (5, 1, 1, 1) and lens_q.dtype == lens_kv.dtype == torch.int32
-    assert lens_q.flatten().tolist() == [1, 1, 1, 1, 1]
-    assert lens_kv.flatten().tolist() == [40, 0, 0, 0, 3]
-    assert not ops._fills_out(prep.cfg, backend), "one query row, no window: every row is written by cuDNN"
-
-
-def test_one_query_row_clamps_malformed_query_lengths() -> None:
-    """A query length above max_seqlen_q = 1 counts as 1: the key lengths bound never grow."""
-    prep, cu_q, cu_kv, _ = _one_query_prep("padding", [1, 3, 1], [10, 20, 30])
-    _, lens_kv = ops._runtime_buffers(prep, cu_q, cu_kv, None, None)
-    assert lens_kv.flatten().tolist() == [10, 20, 30]
-
-
-@pytest.mark.parametrize("extra", [dict(window=(8, 0)), dict(dropout=0.1)], ids=["window", "dropout"])
-def test_one_query_row_keeps_the_fill_where_unmeasured(extra) -> None:
-    prep, _, _, backend = _one_query_prep("padding_causal_bottom_right", [1, 0], [4, 4], **extra)
-    assert prep.one_query is not None and ops._fills_out(prep.cfg, backend)
-
-
-def test_longer_queries_keep_their_lengths() -> None:
-    q, k, v = (torch.randn(2, 64, 4, 32, dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, 30, 64], dtype=torch.int32)
-    prep = _prep("bshd_bshd_bshd", "padding", q, k, v, cu)
-    assert prep.one_query is None
-    lens_q, lens_kv = ops._runtime_buffers(prep, cu, cu, None, None)
-    assert lens_q.flatten().tolist() == lens_kv.flatten().tolist() == [30, 34]

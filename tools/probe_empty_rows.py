@@ -8,7 +8,9 @@ result. This probe asks whether the fill can go:
 
 * ``real``: the lengths as given (some ``len_q = 0``, some ``len_kv = 0``);
 * ``remapped``: ``len_q' = max(len_q, 1)`` and ``len_kv' = len_kv if len_q > 0 else 0``, so no
-  sequence is empty on the query side and an empty one has one query row that sees no key.
+  sequence is empty on the query side and an empty one has one query row that sees no key;
+* ``kv>=1``: ``len_kv' = max(len_kv, 1)`` and ``len_q' = len_q if len_kv > 0 else 0``, so every
+  sequence has a key and one without keys has no query rows.
 
 For each mask (padding; padding + causal top-left; padding + causal bottom-right), each length
 mode and every engine configuration the heuristics offer (modes A, B, FALLBACK; all plans built),
@@ -32,13 +34,22 @@ from te_cudnn.runtime import cudnn_module
 CASES = (  # b, s_q, s_kv, h, hg, d, lens_q, lens_kv
     (6, 256, 256, 8, 8, 64, [256, 0, 100, 0, 37, 256], [256, 200, 0, 0, 37, 255]),
     (6, 512, 512, 8, 2, 128, [512, 0, 300, 0, 1, 511], [512, 512, 0, 0, 1, 500]),
+    (4, 2048, 2048, 16, 4, 128, [2048, 0, 1000, 0], [2048, 2048, 0, 0]),
     (8, 1, 4096, 32, 8, 128, [1, 0, 1, 1, 0, 1, 1, 1], [4096, 4096, 0, 2735, 0, 1, 4000, 64]),
+    (8, 2, 4096, 32, 8, 128, [2, 0, 1, 2, 0, 1, 2, 2], [4096, 4096, 0, 2735, 0, 1, 4000, 64]),
+    (8, 4, 1024, 32, 8, 128, [4, 0, 1, 3, 0, 2, 4, 4], [1024, 512, 0, 700, 0, 1, 1000, 64]),
+    (4, 16, 2048, 16, 4, 128, [16, 0, 5, 16], [2048, 100, 0, 16]),
 )
 MASKS = ("padding", "padding_causal", "padding_causal_bottom_right")
 
 
-def remap(lq: torch.Tensor, lkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return lq.clamp(min=1), torch.where(lq > 0, lkv, torch.zeros_like(lkv))
+def remap(mode: str, lq: torch.Tensor, lkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if mode == "real":
+        return lq, lkv
+    if mode == "remapped":  # every sequence has a query row; one without a query has no keys
+        return lq.clamp(min=1), torch.where(lq > 0, lkv, torch.zeros_like(lkv))
+    # "kv>=1": every sequence has a key; one without keys has no query rows
+    return torch.where(lkv > 0, lq, torch.zeros_like(lq)), lkv.clamp(min=1)
 
 
 def main(argv=None) -> int:
@@ -61,8 +72,8 @@ def main(argv=None) -> int:
         training = sq > 1
         for mask_name in MASKS:
             baseline: dict[str, torch.Tensor] = {}
-            for mode in ("real", "remapped"):
-                mq, mkv = (lq, lkv) if mode == "real" else remap(lq, lkv)
+            for mode in ("real", "remapped", "kv>=1"):
+                mq, mkv = remap(mode, lq, lkv)
                 seq_q, seq_kv = mq.view(b, 1, 1, 1).cuda(), mkv.view(b, 1, 1, 1).cuda()
                 o = torch.empty_like(q)
                 st = torch.empty(b, h, sq, 1, dtype=torch.float32, device="cuda")
@@ -126,7 +137,7 @@ def main(argv=None) -> int:
                             pad = torch.zeros(t.shape[:2], dtype=torch.bool, device="cuda")
                             for bi, n in enumerate(lens.tolist()):
                                 pad[bi, n:] = True
-                            nonempty = (lq > 0).cuda().view(b, 1).expand(t.shape[:2]) & ~pad
+                            nonempty = ((lq > 0) & (lkv > 0)).cuda().view(b, 1).expand(t.shape[:2]) & ~pad
                             row[f"{tname} unwritten"] = int(t.isnan().sum().item())
                             row[f"{tname} past end zero"] = bool(t[pad].eq(0).all().item())
                             key = f"{direction}/{tname}/{name}"

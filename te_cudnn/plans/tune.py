@@ -773,6 +773,25 @@ def _spin_rate(device: int) -> Optional[float]:
     return rate
 
 
+def _warm(run: Callable[[], None], warmup: int) -> tuple[float, float]:
+    """``warmup`` launches of ``run`` (at least one), then one more between CUDA events:
+    ``(median host ms per launch, device ms of one launch)`` (the latter at least 1 µs)."""
+    import torch  # noqa: PLC0415
+
+    host = []
+    for _ in range(max(warmup, 1)):
+        t0 = time.perf_counter()
+        run()
+        host.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    run()
+    e.record()
+    e.synchronize()
+    return statistics.median(host) * 1e3, max(s.elapsed_time(e), 1e-3)
+
+
 def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = None, *,
                      warmup: int = DEFAULT_WARMUP, reps: int = DEFAULT_REPS) -> list[float]:  # fmt: skip
     """Milliseconds per launch of ``run`` on the current stream, one value per sample.
@@ -783,19 +802,7 @@ def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = N
     samples measure the GPU's back-to-back execution."""
     import torch  # noqa: PLC0415
 
-    host = []
-    for _ in range(max(warmup, 1)):
-        t0 = time.perf_counter()
-        run()
-        host.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    host_ms = statistics.median(host) * 1e3
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    run()
-    e.record()
-    e.synchronize()
-    estimate = max(s.elapsed_time(e), 1e-3)
+    host_ms, estimate = _warm(run, warmup)
     inner = int(min(max(1, math.ceil(MIN_SAMPLE_MS / estimate)), MAX_INNER))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(max(reps, 1))]
     rate = _spin_rate(torch.cuda.current_device())
@@ -837,22 +844,10 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
     rate = _spin_rate(torch.cuda.current_device())
     for i, run in enumerate(runs):
         try:
-            host = []
-            for _ in range(max(warmup, 1)):
-                t0 = time.perf_counter()
-                run()
-                host.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            run()
-            e.record()
-            e.synchronize()
+            host_ms, estimate = _warm(run, warmup)
         except Exception as exc:  # noqa: BLE001 - this run's result is its failure
             results[i] = exc
             continue
-        estimate = max(s.elapsed_time(e), 1e-3)
-        host_ms = statistics.median(host) * 1e3
         inner[i] = int(min(max(1, math.ceil(GROUP_SAMPLE_MS / estimate)), MAX_GROUP_INNER))
         if rate and host_ms > estimate * 0.5:  # launches would starve the GPU: queue them behind a spin
             ahead[i] = min(host_ms * inner[i] * 1.25 + 0.05, MAX_SPIN_MS)
