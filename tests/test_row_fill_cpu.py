@@ -8,6 +8,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from te_cudnn import ops
 from te_cudnn.backends import BY_ENUM
@@ -116,3 +118,37 @@ def test_other_sub_backends_keep_their_lengths_and_fills() -> None:
     fp8 = BY_ENUM[FusedAttnBackend.FP8]
     prep = _prep("padding", [16, 0], [16, 16], sq=16, backend=fp8)[0]
     assert prep.lengths is Lengths.AS_GIVEN and prep.fill_out and prep.fill_grads
+
+
+# ------------------------------------------------------------------ properties (hypothesis)
+
+_PAIRS = st.lists(st.tuples(st.integers(-3, 40), st.integers(0, 40)), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_PAIRS)
+def test_one_query_lengths_property(pairs) -> None:
+    """Any query lengths (malformed ones too): every sequence is bound with one query row, a
+    sequence with one query keeps its keys, one without gets none, and no sequence is ever bound
+    with more keys than the caller's."""
+    lq = torch.tensor([p[0] for p in pairs], dtype=torch.int32)
+    lkv = torch.tensor([p[1] for p in pairs], dtype=torch.int32)
+    ones = torch.ones(len(pairs), 1, 1, 1, dtype=torch.int32)
+    got_q, got_kv = one_query_lens(_cu(lq.tolist()), _cu(lkv.tolist()), len(pairs), ones)
+    got = got_kv.flatten()
+    assert got_q is ones
+    assert torch.equal(got[lq == 1], lkv[lq == 1]) and (got[lq == 0] == 0).all()
+    assert ((got >= 0) & (got <= lkv)).all()
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_PAIRS)
+def test_every_key_lengths_property(pairs) -> None:
+    """Sequences with keys keep both lengths; one without keys is bound with one key and no query
+    rows (every row then lies past its end, where cuDNN writes zeros)."""
+    lq = torch.tensor([max(p[0], 0) for p in pairs], dtype=torch.int32)
+    lkv = torch.tensor([p[1] for p in pairs], dtype=torch.int32)
+    got_q, got_kv = every_key_lens(lq, lkv)
+    has_keys = lkv > 0
+    assert torch.equal(got_q[has_keys], lq[has_keys]) and torch.equal(got_kv[has_keys], lkv[has_keys])
+    assert (got_q[~has_keys] == 0).all() and (got_kv[~has_keys] == 1).all()
