@@ -22,8 +22,11 @@ bit-identical (O; the backward's dQ accumulates in a nondeterministic order):
 With the remap, the zero-fill is dropped where the probe covered the graph: the F16
 arbitrary-seqlen sub-backend, dense (non-THD, non-paged for longer queries) layouts, no window,
 bias, dropout or sink; the backward keeps it under ``deterministic=True`` (other engines) and for
-one query row (not probed). Everywhere else results are zero-filled before the launch as before.
-The GPU tests prefill the results with NaN.
+one query row (not probed). Longer queries under the bottom-right causal mask keep their lengths
+and the fills: there a query row sees no key whenever its sequence has more queries than keys, and
+cuDNN leaves such rows unwritten (measured with ``fused_attn_decode``'s causal s_q > 1), which no
+remap can turn into a row past the sequence's end. Everywhere else results are zero-filled before
+the launch as before. The GPU tests prefill the results with NaN.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def length_remap(cfg: AttnConfig, backend: SubBackend) -> Lengths:
         return Lengths.AS_GIVEN
     if cfg.sq == 1:  # a correction, wherever one query row per sequence is bound
         return Lengths.ONE_QUERY
-    if cfg.paged is None and _probed(cfg, backend):
+    if cfg.paged is None and not cfg.mask.is_bottom_right and _probed(cfg, backend):
         return Lengths.EVERY_KEY
     return Lengths.AS_GIVEN
 

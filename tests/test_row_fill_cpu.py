@@ -54,7 +54,14 @@ def test_one_query_row_binds_a_query_everywhere_and_no_keys_without_one(mask: st
     assert prep.fill_grads, "the backward of one query row was not probed: its gradients stay zero-filled"
 
 
-@pytest.mark.parametrize("mask", ["padding", "padding_causal", "padding_causal_bottom_right"])
+def test_longer_queries_under_bottom_right_causal_keep_lengths_and_fills() -> None:
+    """A row sees no key whenever its sequence has more queries than keys: cuDNN may leave it
+    unwritten, so the fills stay."""
+    prep, cu_q, cu_kv = _prep("padding_causal_bottom_right", [16, 0, 5], [8, 30, 0], sq=16)
+    assert prep.lengths is Lengths.AS_GIVEN and prep.fill_out and prep.fill_grads
+
+
+@pytest.mark.parametrize("mask", ["padding", "padding_causal"])
 def test_longer_queries_bind_a_key_everywhere_and_no_queries_without_one(mask: str) -> None:
     prep, cu_q, cu_kv = _prep(mask, [16, 0, 5, 0, 16], [64, 30, 0, 0, 16], sq=16)
     assert prep.lengths is Lengths.EVERY_KEY

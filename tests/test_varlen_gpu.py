@@ -221,7 +221,8 @@ ONE_ROW_LQ, ONE_ROW_LKV = [1, 0, 1, 0, 1, 1], [40, 64, 0, 0, 1, 17]
 def test_empty_sequences_without_fills(layout, mask):
     """Sequences without queries, without keys, and without either, in a dense padding batch:
     te_cudnn binds lengths under which cuDNN writes every row (te_cudnn.row_fill) and skips the
-    zero-fills; results land in NaN-poisoned memory, so an unwritten row would show."""
+    zero-fills (bottom-right causal keeps them); results land in NaN-poisoned memory, so an
+    unwritten row would show."""
     packs = layout_info(QKVLayout.coerce(layout)).packs_qkv
     lq = [16, 0, 5, 0, 16, 9]
     lkv = lq if packs else [64, 30, 0, 0, 16, 40]
@@ -279,7 +280,8 @@ def _check_out_rows(mask, sq, lens_q, lens_kv):
     ref = attention_reference(*bhsd, attn_mask_type=mask, seqlens_q=lq, seqlens_kv=lkv).out.transpose(1, 2)
     torch.testing.assert_close(out[valid].float(), ref[valid], rtol=2e-2, atol=2e-2)
     prep = next(p for p in tc.ops._fwd_memo.values() if p.cfg.sq == sq and p.cfg.b == b and p.cfg.mask.name == mask)
-    assert not prep.fill_out
+    # te_cudnn.row_fill: longer queries under bottom-right causal keep the fill (rows that see no key)
+    assert prep.fill_out == (sq > 1 and mask == "padding_causal_bottom_right")
 
 
 def test_random_batches_reuse_a_handful_of_plans():
