@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from te_cudnn.benchmark import cli, report
@@ -433,3 +435,77 @@ def test_late_contenders_are_compared_within_their_own_rounds():
     assert rows["te_cudnn autotuned"]["ratio_vs_sdpa_cudnn"] == 1.0  # 3.3 / 3.3 in the same rounds, not 3.3 / 3.0
     text = to_markdown(results)
     assert "Late contenders beside the others" in text and "cuDNN graph (hand-built) 1.1×" in text
+
+
+# ----------------------------------------------------------------------------- ratios paired by round
+def test_median_interval_uses_binomial_order_statistics():
+    """n = 20 at 95 %: x_(6) and x_(15) (P(Bin(20, 1/2) <= 5) = 0.0207, <= 6 is 0.0577); too few
+    values for the confidence give the whole range."""
+    values = [float(v) for v in range(20, 0, -1)]  # unsorted on purpose
+    assert report.median_interval(values) == (6.0, 15.0)
+    assert report.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    assert report.median_interval([5.0]) == (5.0, 5.0)
+    assert report.median_interval(list(map(float, range(1, 11)))) == (2.0, 9.0)  # n = 10: P(<= 1) = 0.0107
+    with pytest.raises(ValueError):
+        report.median_interval([])
+
+
+@given(st.lists(st.floats(0.5, 2.0), min_size=1, max_size=60), st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+@settings(max_examples=200, deadline=None)
+def test_median_interval_brackets_the_median(values, confidence):
+    import statistics
+
+    low, high = report.median_interval(values, confidence)
+    assert min(values) <= low <= statistics.median(values) <= high <= max(values)
+    wider = report.median_interval(values, min(0.999, confidence + 0.005))
+    assert wider[0] <= low and high <= wider[1]  # more confidence never narrows it
+
+
+def test_paired_ratio_cancels_drift_between_rounds():
+    """Both contenders slow down together round after round (clocks): the per-round ratio is
+    exactly 1.02, while the ratio of the two medians mixes different rounds."""
+    ref = [1.0 + 0.05 * r for r in range(20)]
+    te = [1.02 * t for t in ref]
+    med, low, high = report.paired_ratio(te, ref)
+    assert med == pytest.approx(1.02) and low == pytest.approx(1.02) and high == pytest.approx(1.02)
+    assert report.paired_ratio(te, ref[:-1]) is None  # unpaired lengths
+    assert report.paired_ratio(None, ref) is None and report.paired_ratio(te, [0.0] * 20) is None
+
+
+def test_paired_ratios_reach_rows_targets_and_table():
+    """Rows with per-round samples get ratio_paired / ratio_low / ratio_high; the targets list the
+    cases above 1.0 with their interval and say whether 1.0 lies inside it."""
+    case = {"name": "c", "group": "llama", "training": True, "modes": ["fwd_bwd"], "description": "c"}
+    case2 = dict(case, name="d")
+    ref = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.0, 1.01, 0.99]
+    noisy = [1.01, 0.995, 1.0, 1.012, 1.0, 1.0, 1.018, 0.99, 1.02, 1.0]  # per-round ratios around 1.0
+    ok = dict(status="ok")
+    results = {"cases": [case, case2], "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(ok, case="c", contender="torch SDPA cuDNN", fwd_bwd_ms=1.0, fwd_bwd_samples=ref),
+        dict(ok, case="c", contender="te_cudnn", fwd_bwd_ms=1.005, fwd_bwd_samples=[a * b for a, b in zip(ref, noisy)]),
+        dict(ok, case="d", contender="torch SDPA cuDNN", fwd_bwd_ms=1.0, fwd_bwd_samples=ref),
+        dict(ok, case="d", contender="te_cudnn", fwd_bwd_ms=1.05, fwd_bwd_samples=[1.05 * a for a in ref]),
+    ]}  # fmt: skip
+    rows = {(r["case"], r["contender"]): r for r in report.flat_rows(results)}
+    c = rows[("c", "te_cudnn")]
+    assert c["ratio_low"] <= 1.0 <= c["ratio_high"] and c["ratio_low"] <= c["ratio_paired"] <= c["ratio_high"]
+    assert rows[("d", "te_cudnn")]["ratio_paired"] == pytest.approx(1.05)
+    assert rows[("c", "torch SDPA cuDNN")]["ratio_paired"] == pytest.approx(1.0)
+    text = report.to_markdown(results)
+    assert "- te_cudnn ≤ 1.0× torch SDPA cuDNN: 0 of 2 cases; above 1.0:" in text
+    assert "  - c: 1.005× (paired by round" in text and "1.0 lies inside the interval" in text
+    assert "  - d: 1.050× (paired by round 1.050×, 95% interval [1.050, 1.050]; slower beyond the interval)" in text
+    assert "## Ratios to torch SDPA cuDNN, paired by round" in text
+    assert report.read_csv(report.to_csv(results)) == report.flat_rows(results)
+
+
+def test_late_contenders_pair_with_the_reference_of_their_own_rounds():
+    case = {"name": "c", "group": "llama", "training": True, "modes": ["fwd_bwd"], "description": "c"}
+    results = {"cases": [case], "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(case="c", status="ok", contender="torch SDPA cuDNN", fwd_bwd_ms=1.0, fwd_bwd_samples=[1.0] * 5),
+        dict(case="c", status="ok", contender="te_cudnn autotuned", fwd_bwd_ms=1.1, fwd_bwd_samples=[1.1] * 5,
+             same_phase={"torch SDPA cuDNN": {"fwd_bwd": 1.1}},
+             same_phase_samples={"torch SDPA cuDNN": {"fwd_bwd": [1.1] * 5}}),
+    ]}  # fmt: skip
+    row = next(r for r in report.flat_rows(results) if r["contender"] == "te_cudnn autotuned")
+    assert row["ratio_paired"] == pytest.approx(1.0)

@@ -19,10 +19,12 @@ import csv
 import io
 import json
 import os
+import statistics
+from math import comb
 from typing import Any, Optional
 
 __all__ = ["flat_rows", "to_csv", "read_csv", "to_json", "to_markdown", "to_summary", "write_chart", "write_all",
-           "CSV_FIELDS",
+           "CSV_FIELDS", "paired_ratio", "median_interval",
            "REFERENCE", "MEM_TARGET", "DECODE_TARGET_PCT"]  # fmt: skip
 
 #: the contender every time is compared with
@@ -35,7 +37,7 @@ CSV_FIELDS = (
     "case", "group", "description", "contender", "status", "precision", "backend",
     "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_eager_ms", "bwd_eager_ms", "fwd_bwd_eager_ms",
     "fwd_graph_ms", "bwd_graph_ms", "fwd_bwd_graph_ms", "fwd_spread_pct", "bwd_spread_pct", "fwd_bwd_spread_pct",
-    "rounds", "ratio_vs_sdpa_cudnn", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "pct_of_peak",
+    "rounds", "ratio_vs_sdpa_cudnn", "ratio_paired", "ratio_low", "ratio_high", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "pct_of_peak",
     "kv_gbps", "pct_of_copy_bw", "first_call_ms", "build_ms", "load_ms", "plans_built", "plans_loaded", "plans_tuned",
     "peak_mib", "workspace_mib", "mem_ratio", "rel_err", "plans", "notes", "errors", "reason",
 )  # fmt: skip
@@ -45,6 +47,44 @@ _TEXT_FIELDS = {"case", "group", "description", "contender", "status", "precisio
 
 
 # ---------------------------------------------------------------------------- derived values
+#: confidence of the interval around a paired ratio
+RATIO_CONFIDENCE = 0.95
+
+
+def median_interval(values: list[float], confidence: float = RATIO_CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values``: the order statistics
+    ``x_(k)`` and ``x_(n+1-k)`` with the largest ``k`` for which the binomial(n, 1/2) chance of
+    the median falling outside is at most ``1 - confidence``. With too few values for that
+    confidence the interval is the whole range."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value")
+    k, tail = 0, 0.0  # tail: P(Binomial(n, 1/2) <= k - 1) = chance the median lies below x_(k)
+    term = 0.5**n
+    while True:
+        tail_next = tail + term * comb(n, k)
+        if 2 * tail_next > 1 - confidence or k + 1 > (n + 1) // 2:
+            break
+        tail, k = tail_next, k + 1
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
+
+
+def paired_ratio(samples: Optional[list], reference: Optional[list]) -> Optional[tuple[float, float, float]]:
+    """The ratio of two contenders timed in the same interleaved rounds, round by round:
+    ``(median, low, high)`` of ``samples[r] / reference[r]`` with :func:`median_interval`.
+    Clock and power drift between rounds hit both samples of a round alike and cancel here,
+    which the ratio of the two medians does not do. None without paired samples."""
+    if not samples or not reference or len(samples) != len(reference):
+        return None
+    ratios = [a / b for a, b in zip(samples, reference) if b]
+    if len(ratios) != len(samples):
+        return None
+    low, high = median_interval(ratios)
+    return statistics.median(ratios), low, high
+
+
 def headline(case: dict) -> str:
     """The mode a case is judged by: fwd+bwd for training, fwd for inference."""
     return "fwd_bwd" if case.get("training", True) else "fwd"
@@ -85,6 +125,11 @@ def flat_rows(results: dict) -> list[dict[str, Any]]:
             same = (r.get("same_phase") or {}).get(REFERENCE)  # timed beside it in one phase (late contenders)
             base_ms = same.get(head) if same else (base.get(f"{head}_ms") if base else None)
             row["ratio_vs_sdpa_cudnn"] = _div(r.get(f"{head}_ms"), base_ms)
+            same_samples = (r.get("same_phase_samples") or {}).get(REFERENCE)
+            base_samples = same_samples.get(head) if same_samples else (base.get(f"{head}_samples") if base else None)
+            paired = paired_ratio(r.get(f"{head}_samples"), base_samples)
+            if paired is not None:
+                row["ratio_paired"], row["ratio_low"], row["ratio_high"] = paired
             if case.get("training", True):
                 f, b = case.get("flops_fwd"), case.get("flops_bwd")
                 row["fwd_tflops"] = _div(f, _scale(r.get("fwd_ms"), 1e9))
@@ -232,6 +277,7 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
         te, yard = host["like_for_like"]
         lines.append(f"- host time, like for like: {te} {_num(host['us'][te], 3)} µs vs {yard} "
                      f"{_num(host['us'][yard], 3)} µs: {host['like_for_like_us']:+.2f} µs")  # fmt: skip
+    lines += _parity_target(flat)
     for r in flat:
         if r["contender"] == "te_cudnn" and r["group"] == "memory" and r.get("mem_ratio") is not None:
             ok = r["mem_ratio"] <= MEM_TARGET
@@ -245,6 +291,44 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
                              f"{r['pct_of_copy_bw']:.1f}% of the copy bandwidth (target ≥ {DECODE_TARGET_PCT:g}%: "
                              f"{'met' if ok else 'missed'})")  # fmt: skip
     return lines
+
+
+def _interval(r: dict) -> str:
+    if r.get("ratio_paired") is None:
+        return "no paired samples"
+    return f"paired by round {r['ratio_paired']:.3f}×, 95% interval [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
+
+
+def _parity_target(flat: list[dict]) -> list[str]:
+    """te_cudnn against the reference on every case it shares with it (target: no slower): the
+    cases above 1.0, each with its paired ratio and interval (1.0 inside it: parity within the
+    run's noise)."""
+    rows = [r for r in flat if r["contender"] == "te_cudnn" and r.get("ratio_vs_sdpa_cudnn") is not None]
+    if not rows:
+        return []
+    over = [r for r in rows if r["ratio_vs_sdpa_cudnn"] > 1.0]
+    lines = [f"- te_cudnn ≤ 1.0× {REFERENCE}: {len(rows) - len(over)} of {len(rows)} cases"
+             + (" (met)" if not over else "; above 1.0:")]
+    for r in over:
+        low = r.get("ratio_low")
+        verdict = "" if low is None else ("; 1.0 lies inside the interval" if low <= 1.0 else "; slower beyond the interval")
+        lines.append(f"  - {r['case']}: {r['ratio_vs_sdpa_cudnn']:.3f}× ({_interval(r)}{verdict})")
+    return lines
+
+
+def _paired_lines(flat: list[dict]) -> list[str]:
+    """Every te_cudnn contender's and the hand-built graph's ratio to the reference, paired by round."""
+    rows = [[r["case"], r["contender"], _num(r["ratio_vs_sdpa_cudnn"], 3), _num(r["ratio_paired"], 3),
+             f"[{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"]
+            for r in flat if r.get("ratio_paired") is not None
+            and (r["contender"].startswith("te_cudnn") or r["contender"].startswith("cuDNN graph"))]  # fmt: skip
+    if not rows:
+        return []
+    return [f"## Ratios to {REFERENCE}, paired by round", "",
+            "The headline mode's time over the reference's in each interleaved round (both timed in that round), "
+            f"the median over rounds and a distribution-free {RATIO_CONFIDENCE:.0%} interval for it (order "
+            "statistics of the per-round ratios). Round-to-round clock drift cancels in each pair.", "",
+            *_table(["case", "contender", "ratio of medians", "paired median", "interval"], rows), ""]
 
 
 def _host_lines(results: dict) -> list[str]:
@@ -339,6 +423,7 @@ def to_markdown(results: dict) -> str:
             f"case (below 1 is faster). — = not run (reasons below).", "",
             *_grid(results, flat, _time_cell(ratio=True)), ""]  # fmt: skip
     out += _same_phase_lines(results.get("results", []))
+    out += _paired_lines(flat)
     for mode, title in (("fwd", "Forward (ms)"), ("bwd", "Backward after a forward (ms)")):
         out += [f"## {title}", "", *_grid(results, flat, _time_cell(mode), only=training), ""]
     out += ["## Eager back-to-back calls, fwd+bwd (ms; decode: fwd)", "",

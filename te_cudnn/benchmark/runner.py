@@ -357,10 +357,12 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
         row = rows[n]
         row[f"{mode}_eager_ms"] = eager
         row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = eager, spread_e
+        row[f"{mode}_samples"] = samples[(n, "eager")]  # per round, for ratios paired by round (report)
         if n in graphs:
             graph, spread_g = summarize(samples[(n, "graph")])
             row[f"{mode}_graph_ms"] = graph
             row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = graph, spread_g
+            row[f"{mode}_samples"] = samples[(n, "graph")]
         row["rounds"] = max(row.get("rounds", 0), rounds)
     del graphs, keep, samplers
     torch.cuda.synchronize()
@@ -412,6 +414,8 @@ def run_case(case: Case, contenders: list[Contender], settings: Settings, deadli
                     _time_mode(mode, runs, {**rows, **shadow}, settings)
                 for c in last:
                     rows[c.name]["same_phase"] = {n: {m: v.get(f"{m}_ms") for m in case.modes} for n, v in shadow.items()}
+                    rows[c.name]["same_phase_samples"] = {n: {m: v.get(f"{m}_samples") for m in case.modes}
+                                                          for n, v in shadow.items()}  # fmt: skip
             else:
                 for mode in case.modes:
                     _time_mode(mode, runs, rows, settings)

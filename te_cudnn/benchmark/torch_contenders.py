@@ -115,6 +115,22 @@ class TorchSdpa(Contender):
         return SdpaRun(case, inputs, self.backend_name)
 
 
+def _no_buffer_donation() -> None:
+    """Turn AOTAutograd's buffer donation off for the rest of the process. The backward-alone
+    timing replays one backward with ``retain_graph=True``, which a compiled backward with
+    donated buffers refuses ("non-empty donated buffers which requires ... retain_graph=False").
+    Donation is decided when the forward is compiled and the backward is compiled lazily, so a
+    patch around the first call alone did not help (benchmarks/2026-11-25-h100-flex-donated);
+    the benchmark is a process of its own, and this only costs the compiled backward the memory
+    donation would have saved."""
+    try:
+        import torch._functorch.config as functorch_config  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a torch without AOTAutograd's config
+        return
+    if getattr(functorch_config, "donated_buffer", False):
+        functorch_config.donated_buffer = False
+
+
 class FlexRun(_AutogradRun):
     def __init__(self, case: Case, inp: Inputs):
         super().__init__()
@@ -124,6 +140,7 @@ class FlexRun(_AutogradRun):
         # a fresh compile per case: dynamo's recompile limit would otherwise send later cases
         # to flex_attention's eager path, which materializes the whole score matrix
         torch._dynamo.reset()
+        _no_buffer_donation()
         self.compiled = torch.compile(flex_attention)
         self.training, self.gqa, self.thd = case.training, case.gqa, case.is_thd
         self.score_mod, self.block_mask = None, None
