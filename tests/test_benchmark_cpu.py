@@ -496,6 +496,7 @@ def test_paired_ratios_reach_rows_targets_and_table():
     assert "  - c: 1.005× (paired by round" in text and "1.0 lies inside the interval" in text
     assert "  - d: 1.050× (paired by round 1.050×, 95% interval [1.050, 1.050]; slower beyond the interval)" in text
     assert "## Ratios to torch SDPA cuDNN, paired by round" in text
+    assert "| d | te_cudnn | 1.050 | 1.050 | [1.050, 1.050] |" in text
     assert report.read_csv(report.to_csv(results)) == report.flat_rows(results)
 
 

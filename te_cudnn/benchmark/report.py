@@ -318,7 +318,7 @@ def _parity_target(flat: list[dict]) -> list[str]:
 
 def _paired_lines(flat: list[dict]) -> list[str]:
     """Every te_cudnn contender's and the hand-built graph's ratio to the reference, paired by round."""
-    rows = [[r["case"], r["contender"], _num(r["ratio_vs_sdpa_cudnn"], 3), _num(r["ratio_paired"], 3),
+    rows = [[r["case"], r["contender"], f"{r['ratio_vs_sdpa_cudnn']:.3f}", f"{r['ratio_paired']:.3f}",
              f"[{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"]
             for r in flat if r.get("ratio_paired") is not None
             and (r["contender"].startswith("te_cudnn") or r["contender"].startswith("cuDNN graph"))]  # fmt: skip
