@@ -510,3 +510,40 @@ def test_late_contenders_pair_with_the_reference_of_their_own_rounds():
     ]}  # fmt: skip
     row = next(r for r in report.flat_rows(results) if r["contender"] == "te_cudnn autotuned")
     assert row["ratio_paired"] == pytest.approx(1.0)
+
+
+def test_eager_samples_start_behind_an_untimed_call(monkeypatch):
+    """A lone timed call would include its launch from an idle GPU (the host latency of the
+    contender's Python); each eager sample therefore runs one untimed call first."""
+    from te_cudnn.benchmark import measure
+
+    seen = []
+    monkeypatch.setattr(measure, "event_ms", lambda fn, reps=1, lead=0: seen.append((reps, lead)) or 1.0)
+    assert measure.eager_sampler(lambda: None, 3)() == 1.0
+    assert seen == [(3, measure.EAGER_LEAD)] and measure.EAGER_LEAD >= 1
+
+
+def test_hand_built_target_in_replay_and_eager():
+    """The ≤ 1.02× target against the hand-built graphs is reported for CUDA-graph replay and for
+    eager back-to-back calls, against both hand-built variants, naming the cases that miss it."""
+    case = {"name": "c", "group": "te", "training": True, "modes": ["fwd_bwd"], "description": "c"}
+    ok = dict(case="c", status="ok")
+    results = {"cases": [case], "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(ok, contender="te_cudnn", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=1.0, fwd_bwd_eager_ms=1.10),
+        dict(ok, contender="cuDNN graph (hand-built)", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=1.0, fwd_bwd_eager_ms=1.0),
+        dict(ok, contender="cuDNN graph (hand-built, allocating)", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=0.99,
+             fwd_bwd_eager_ms=1.09),
+    ]}  # fmt: skip
+    text = report.to_markdown(results)
+    assert ("- te_cudnn / hand-built graph (results allocated once), CUDA-graph replay: at most 1.000× (c) over 1 "
+            "cases (target ≤ 1.02: met)") in text
+    assert "(results allocated once), eager back-to-back: at most 1.100× (c) over 1 cases (target ≤ 1.02: missed on c)" in text
+    assert "(results allocated per call), eager back-to-back: at most 1.009× (c) over 1 cases (target ≤ 1.02: met)" in text
+    assert "(results allocated per call), CUDA-graph replay: at most 1.010×" in text
+
+
+def test_allocating_hand_built_contender_is_listed():
+    (c,) = select_contenders("hand_built_alloc")
+    assert c.allocating and c.name == "cuDNN graph (hand-built, allocating)"
+    assert c.supports(case_by_name("test_1")) is None and "dense training" in c.supports(case_by_name("decode_kv8k"))
+    assert "hand_built_alloc" in cli._epilog()

@@ -22,7 +22,8 @@ from te_cudnn.benchmark.runner import Settings, run_case
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("contender", ["te_cudnn", "hand_built", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient"])
+@pytest.mark.parametrize("contender", ["te_cudnn", "hand_built", "hand_built_alloc", "sdpa_cudnn", "sdpa_flash",
+                                       "sdpa_efficient"])
 def test_every_training_mode_is_graph_timed_and_memory_comes_back(contender: str) -> None:
     case = case_by_name("test_0")
     free_memory()
@@ -38,3 +39,19 @@ def test_every_training_mode_is_graph_timed_and_memory_comes_back(contender: str
         assert row[f"{mode}_graph_ms"] > 0, (mode, row)
     grown = (torch.cuda.memory_reserved() - reserved_before) / 2**20
     assert grown <= 64, f"{contender}: {grown:.0f} MiB stayed reserved after the case and free_memory()"
+
+
+def test_allocating_hand_built_graph_agrees_with_te_cudnn() -> None:
+    """The hand-built graph that allocates its results per call computes the same attention as
+    te_cudnn (its O is checked against te_cudnn's, the case's reference) and is timed eagerly and
+    in CUDA-graph replay like the others."""
+    case = case_by_name("test_1")
+    settings = Settings.for_run(quick=True, rounds=3, host=False, peaks=False)
+    rows = run_case(case, select_contenders("te_cudnn,hand_built_alloc"), settings, time.monotonic() + 300,
+                    lambda _: None)  # fmt: skip
+    free_memory()
+    row = next(r for r in rows if r["contender"] == "cuDNN graph (hand-built, allocating)")
+    assert row["status"] == "ok", row
+    assert row["rel_err"] is not None and row["rel_err"] < 1e-2, row["rel_err"]
+    for mode in case.modes:
+        assert row[f"{mode}_graph_ms"] > 0 and row[f"{mode}_eager_ms"] > 0, (mode, row)

@@ -25,11 +25,11 @@ DESCRIPTION = ("Time te_cudnn against the same cuDNN graph built by hand, torch 
 
 def _epilog() -> str:
     from .cases import DEFAULT_GROUPS, GROUPS, QUICK  # noqa: PLC0415
-    from .contenders import CONTENDER_GROUPS  # noqa: PLC0415
+    from .contenders import CONTENDER_GROUPS, all_contenders  # noqa: PLC0415
 
     return (f"case groups: {', '.join(GROUPS)} (default: {', '.join(DEFAULT_GROUPS)}); --quick: {', '.join(QUICK)}. "
-            f"contenders: te_cudnn, te_cudnn_autotuned, te_cudnn_fp8, te_cudnn_max512, hand_built, sdpa_cudnn, "
-            f"sdpa_flash, sdpa_efficient, flex; groups: {', '.join(CONTENDER_GROUPS)}. --list shows every case.")  # fmt: skip
+            f"contenders: {', '.join(c.key for c in all_contenders())}; groups: {', '.join(CONTENDER_GROUPS)}. "
+            "--list shows every case.")  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser, taken: Sequence[str] = ()) -> None:

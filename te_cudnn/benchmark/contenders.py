@@ -116,6 +116,7 @@ def all_contenders(env: Any = None) -> list[Contender]:
         TeCudnnDecode("te_cudnn decode", "te_cudnn_decode", dense=False),
         TeCudnnDecode("te_cudnn decode, dense cache", "te_cudnn_decode_dense", dense=True),
         HandBuilt(),
+        HandBuilt(allocating=True),
         TorchSdpa("cuDNN"),
         TorchSdpa("flash"),
         TorchSdpa("efficient"),

@@ -14,7 +14,7 @@ from .cases import Case
 from .contenders import Contender, Run
 from .inputs import Inputs
 
-__all__ = ["HandGraphs", "HandBuilt", "HandBuiltRun"]
+__all__ = ["HandGraphs", "HandBuilt", "HandBuiltRun", "HandBuiltAllocatingRun"]
 
 
 class HandGraphs:
@@ -98,6 +98,22 @@ class HandGraphs:
         self.bind()
         self.gb.execute(self.bpack, self.workspace, handle=self.handle)
 
+    def fwd_allocating(self) -> tuple:
+        """The forward into new O and stats (``torch.empty_like`` of the preallocated ones: the
+        same strides), as a training loop must: autograd keeps each layer's O and stats until
+        its backward. Returns ``(o, stats)``."""
+        o, st = torch.empty_like(self.o), torch.empty_like(self.stats)
+        self.bind()
+        self.gf.execute({**self.fpack, 4: o, 5: st}, self.workspace, handle=self.handle)
+        return o, st
+
+    def bwd_allocating(self, o, st) -> tuple:
+        """The backward of the forward that made ``o`` and ``st``, into new dQ, dK, dV."""
+        dq, dk, dv = torch.empty_like(self.dq), torch.empty_like(self.dk), torch.empty_like(self.dv)
+        self.bind()
+        self.gb.execute({**self.bpack, 4: o, 5: st, 12: dq, 13: dk, 14: dv}, self.workspace, handle=self.handle)
+        return dq, dk, dv
+
 
 class HandBuiltRun(Run):
     def __init__(self, case: Case, inp: Inputs):
@@ -126,8 +142,36 @@ class HandBuiltRun(Run):
         self.g.bwd()
 
 
+class HandBuiltAllocatingRun(HandBuiltRun):
+    """The same graphs, with results allocated per call (see :meth:`HandGraphs.fwd_allocating`):
+    what te_cudnn's functions do, as TE's API returns new tensors."""
+
+    def fwd(self):
+        return self.g.fwd_allocating()
+
+    def output(self) -> torch.Tensor:
+        return self.g.fwd_allocating()[0].permute(0, 2, 1, 3).clone()
+
+    def before(self, mode: str):
+        return self.g.fwd_allocating() if mode == "bwd" else None
+
+    def bwd(self, state):
+        return self.g.bwd_allocating(*state)
+
+    def fwd_bwd(self):
+        o, st = self.g.fwd_allocating()
+        return o, st, self.g.bwd_allocating(o, st)
+
+
 class HandBuilt(Contender):
+    """The hand-built graphs; ``allocating``: results allocated per call instead of once."""
+
     name, key = "cuDNN graph (hand-built)", "hand_built"
+
+    def __init__(self, allocating: bool = False):
+        self.allocating = allocating
+        if allocating:
+            self.name, self.key = "cuDNN graph (hand-built, allocating)", "hand_built_alloc"
 
     def supports(self, case: Case) -> Optional[str]:
         if case.is_paged or not case.training:
@@ -141,4 +185,4 @@ class HandBuilt(Contender):
         return None
 
     def prepare(self, case: Case, inputs: Inputs) -> Run:
-        return HandBuiltRun(case, inputs)
+        return (HandBuiltAllocatingRun if self.allocating else HandBuiltRun)(case, inputs)

@@ -24,7 +24,7 @@ from .cases import Case
 from .contenders import Contender
 from .handbuilt import HandGraphs
 from .inputs import make_inputs, tensor_bytes
-from .measure import (capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
+from .measure import (EAGER_LEAD, capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
                       graph_sampler, host_medians, interleaved, matmul_peak_tflops, summarize)  # fmt: skip
 
 __all__ = ["Settings", "run_benchmark", "environment", "host_section", "SCHEMA"]
@@ -349,7 +349,7 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
         samplers[(n, "eager")] = eager_sampler(calls[n], reps[n])
         if n in graphs:
             samplers[(n, "graph")] = graph_sampler(graphs[n][0], reps[n])
-    per_round = sum(est[n] * reps[n] * (2 if n in graphs else 1) for n in calls) or 1.0
+    per_round = sum(est[n] * (reps[n] + EAGER_LEAD + (reps[n] if n in graphs else 0)) for n in calls) or 1.0
     rounds = max(settings.min_rounds, min(settings.rounds, int(settings.mode_budget_s * 1e3 / per_round)))
     samples = interleaved(samplers, rounds) if samplers else {}
     for n in calls:
