@@ -393,3 +393,61 @@ def test_non_persistable_plans_skip_the_plan_store(monkeypatch, tmp_path) -> Non
     plan = cache_module.build_or_load_plan(k, _no_spec)
     assert plan.source == "built" and built == [k]
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- builds apart from the caller
+def _planner_with_a_cycle(k: PlanKey, make_spec: Any) -> CompiledPlan:
+    """What cudnn-frontend 1.32's planner does: it catches an error and keeps it in a local,
+    so exception -> traceback -> this frame -> exception is a reference cycle."""
+    try:
+        raise RuntimeError("No valid engine configs")
+    except RuntimeError as exc:
+        kept = exc  # noqa: F841 - the cycle
+    return CompiledPlan(k, graph=object(), uids=(), workspace_size=0, plan_name="test", build_seconds=0.0)
+
+
+class _Result:
+    """Stands for a call's output tensor."""
+
+
+def test_a_planner_cycle_does_not_hold_the_callers_frames() -> None:
+    """A reference cycle made while building holds its frames, and each frame its caller: built
+    in the calling thread, the caller's locals (a call's results) would outlive the call until a
+    full garbage collection. te_cudnn builds in a thread of its own, so they die with the call."""
+    import gc
+    import weakref
+
+    cache = PlanCache(builder=_planner_with_a_cycle)
+
+    def call() -> _Result:
+        out = _Result()
+        cache.get_or_build(key(), lambda: None)  # the first call of a key builds its plan
+        return out
+
+    gc.disable()
+    try:
+        result = weakref.ref(call())
+        assert result() is None, "the caller's frame outlived the call"
+    finally:
+        gc.enable()
+
+
+def test_builds_run_with_the_callers_context_and_raise_in_the_caller() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen = []
+
+    def builder(k: PlanKey, make_spec: Any) -> CompiledPlan:
+        seen.append((var.get(), threading.current_thread() is not threading.main_thread()))
+        if k.config.sq == 256:
+            raise ValueError("declined")
+        return CompiledPlan(k, graph=object(), uids=(), workspace_size=0, plan_name="test", build_seconds=0.0)
+
+    cache = PlanCache(builder=builder)
+    var.set("caller's")
+    assert cache.get_or_build(key(), lambda: None).plan_name == "test"
+    with pytest.raises(ValueError, match="declined"):
+        cache.get_or_build(key(max_seqlen_q=256, max_seqlen_kv=256), lambda: None)
+    assert seen == [("caller's", True), ("caller's", True)]
+    assert cache.stats().build_failures == 1

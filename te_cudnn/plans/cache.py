@@ -16,6 +16,7 @@ any plan serves, and nothing about lookups, builds or loads changes.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import itertools
 import logging
@@ -31,7 +32,7 @@ from ..errors import GraphBuildError
 from .key import PlanKey
 from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
 
-__all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache"]
+__all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache", "run_apart"]
 
 _log = logging.getLogger("te_cudnn")
 
@@ -337,6 +338,48 @@ def _recency(plan: CompiledPlan) -> int:
     return plan.last_used
 
 
+def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
+    """``build(key, *args)`` in a short-lived thread of its own (with the caller's context
+    variables and, where CUDA is up, ``key``'s device current); its result, or its exception
+    raised here.
+
+    Why: cudnn-frontend 1.32's Python planner (``create_execution_plans``) catches
+    ``cudnnGraphNotSupportedError`` for engine configurations it cannot use and keeps the
+    exception in a local variable: exception -> traceback -> frame -> exception, a reference
+    cycle. Every frame holds its caller (``f_back``), so that cycle held the whole calling
+    stack, te_cudnn's frames and the user's, with their locals (the call's results, a training
+    step's activations) until the next full garbage collection: one extra set of results, 1288
+    MiB, on the 64K-token benchmark case (``tools/probe_first_call_memory.py``,
+    ``tools/probe_first_call_cycle.py``). Built in a thread of its own, the planner's frames
+    reach only that thread's stack. Costs a thread start per build (tens of microseconds against
+    builds of 50 ms and more); the cached path never comes here."""
+    box: dict[str, Any] = {}
+    context = contextvars.copy_context()  # autotuning() and backend_policy() are context variables
+    device = getattr(getattr(key, "config", None), "device", None)
+
+    def work() -> None:
+        try:
+            if isinstance(device, int) and device >= 0:
+                import torch  # noqa: PLC0415 - the planner's device, as in the caller (a no-op without CUDA)
+
+                if torch.cuda.is_initialized():
+                    torch.cuda.set_device(device)
+            box["plan"] = context.run(build, key, *args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="te_cudnn plan build", daemon=True)
+    worker.start()
+    worker.join()
+    error = box.pop("error", None)
+    if error is not None:
+        try:
+            raise error
+        finally:
+            del error  # no cycle through this frame
+    return box.pop("plan")
+
+
 class PlanCache:
     """Bounded LRU ``PlanKey -> CompiledPlan``; one per process, shared by all threads."""
 
@@ -405,7 +448,7 @@ class PlanCache:
                 pending.wait()
                 continue  # the owner's build landed (or failed: then this thread tries itself)
             try:
-                plan = self._builder(key, make_spec)
+                plan = run_apart(self._builder, key, make_spec)
             except BaseException:
                 with self._lock:
                     self._failures += 1
