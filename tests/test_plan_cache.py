@@ -410,7 +410,39 @@ class _Result:
     """Stands for a call's output tensor."""
 
 
-def test_a_planner_cycle_does_not_hold_the_callers_frames() -> None:
+@pytest.fixture
+def build_apart(monkeypatch):
+    from te_cudnn.plans import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "BUILD_APART", True)
+
+
+def test_a_planner_cycle_holds_the_callers_frames_when_built_in_place(monkeypatch) -> None:
+    """The leak itself (TE_CUDNN_BUILD_APART off): the caller's local outlives the call."""
+    import gc
+    import weakref
+
+    from te_cudnn.plans import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "BUILD_APART", False)
+    cache = PlanCache(builder=_planner_with_a_cycle)
+
+    def call() -> _Result:
+        out = _Result()
+        cache.get_or_build(key(), lambda: None)
+        return out
+
+    gc.disable()
+    try:
+        result = weakref.ref(call())
+        assert result() is not None  # held by the planner's cycle through the frames
+        gc.collect()
+        assert result() is None
+    finally:
+        gc.enable()
+
+
+def test_a_planner_cycle_does_not_hold_the_callers_frames(build_apart) -> None:
     """A reference cycle made while building holds its frames, and each frame its caller: built
     in the calling thread, the caller's locals (a call's results) would outlive the call until a
     full garbage collection. te_cudnn builds in a thread of its own, so they die with the call."""
@@ -432,7 +464,7 @@ def test_a_planner_cycle_does_not_hold_the_callers_frames() -> None:
         gc.enable()
 
 
-def test_builds_run_with_the_callers_context_and_raise_in_the_caller() -> None:
+def test_builds_run_with_the_callers_context_and_raise_in_the_caller(build_apart) -> None:
     import contextvars
 
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")

@@ -35,7 +35,10 @@ def main() -> None:
         out, aux = tc.fused_attn_fwd(True, s, s, None, None, q, k, v, dt, None, **kw)
         return out, aux, tc.fused_attn_bwd(s, s, None, None, q, k, v, out, d_o, dt, aux, None, **kw)
 
-    report = {}
+    from te_cudnn.plans import cache
+
+    report = {"build_apart": cache.BUILD_APART}
+    print("TE_CUDNN_BUILD_APART:", cache.BUILD_APART)
     for label in ("first call (builds plans)", "second call (cached)"):
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated()

@@ -338,6 +338,11 @@ def _recency(plan: CompiledPlan) -> int:
     return plan.last_used
 
 
+#: ``TE_CUDNN_BUILD_APART=1``: build plans in a thread of their own (:func:`run_apart`). Off by
+#: default until it has run on a GPU (CPU-tested only; see the CHANGELOG).
+BUILD_APART = os.environ.get("TE_CUDNN_BUILD_APART", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
 def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
     """``build(key, *args)`` in a short-lived thread of its own (with the caller's context
     variables and, where CUDA is up, ``key``'s device current); its result, or its exception
@@ -448,7 +453,7 @@ class PlanCache:
                 pending.wait()
                 continue  # the owner's build landed (or failed: then this thread tries itself)
             try:
-                plan = run_apart(self._builder, key, make_spec)
+                plan = run_apart(self._builder, key, make_spec) if BUILD_APART else self._builder(key, make_spec)
             except BaseException:
                 with self._lock:
                     self._failures += 1
