@@ -473,10 +473,14 @@ def _describe_sizes(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torc
             )
         paged = (bk, skv, page_table_k.shape[1])
         if bk == 0 and max_seqlen_kv > 0:
-            raise ValueError(f"k and v page pools hold no pages ({list(k.shape)}) but max_seqlen_kv={max_seqlen_kv}")
+            raise ValueError(
+                f"k and v page pools hold no pages ({list(k.shape)}) but max_seqlen_kv={max_seqlen_kv} "
+                f"(qkv_layout={layout.name})"
+            )
         if max_seqlen_kv > paged[1] * paged[2]:
             raise ValueError(
-                f"max_seqlen_kv={max_seqlen_kv} exceeds the page tables' capacity {paged[2]} pages x {paged[1]} tokens"
+                f"max_seqlen_kv={max_seqlen_kv} exceeds the page tables' capacity {paged[2]} pages x {paged[1]} tokens "
+                f"(pools k {list(k.shape)} read as qkv_layout={layout.name})"
             )
         bk = bv = bq
         sv = skv = max_seqlen_kv
@@ -490,13 +494,16 @@ def _describe_sizes(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torc
     if (bk, bv) != (bq, bq):
         raise ValueError(f"batch sizes differ: q has b={bq}, k has b={bk}, v has b={bv} (qkv_layout={layout.name})")
     if (hv, sv) != (hg, skv):
-        raise ValueError(f"k has {hg} heads x {skv} keys but v has {hv} heads x {sv} keys")
+        raise ValueError(f"k has {hg} heads x {skv} keys but v has {hv} heads x {sv} keys (qkv_layout={layout.name})")
     if ragged_kv and k.shape[0] != v.shape[0]:
         raise ValueError(f"k holds {k.shape[0]} tokens but v holds {v.shape[0]} (qkv_layout={layout.name})")
     if dk != d_qk:
-        raise ValueError(f"q head dim {d_qk} differs from k head dim {dk}")
+        raise ValueError(f"q head dim {d_qk} differs from k head dim {dk} (qkv_layout={layout.name})")
     if hg == 0 or h % hg:
-        raise ValueError(f"k/v have {hg} heads, which does not divide q's {h} heads (GQA/MQA needs h % hg == 0)")
+        raise ValueError(
+            f"k/v have {hg} heads, which does not divide q's {h} heads (GQA/MQA needs h % hg == 0; "
+            f"qkv_layout={layout.name})"
+        )
     if not ragged_q and max_seqlen_q != sq:
         raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})")
     if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
