@@ -653,7 +653,8 @@ def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) 
     if not ragged_q:
         qb = q.shape[1] if layout_info(layout).q_format == QKVFormat.sbhd else q.shape[0]
         if qb != b:
-            raise ValueError(f"q has b={qb} but the page tables have {b} rows")
+            raise ValueError(f"q {list(q.shape)} has b={qb} as qkv_layout={layout.name} reads it, but the page tables "
+                             f"have {b} rows")  # fmt: skip
     elif cu_seqlens_q is None:
         raise ValueError(f"qkv_layout={layout.name} needs cu_seqlens_q (int32 [b+1] = [{b + 1}] for {b} page-table rows)")
     elif _tensor("cu_seqlens_q", cu_seqlens_q).dim() != 1 or cu_seqlens_q.shape[0] != b + 1:

@@ -57,7 +57,8 @@ def test_paged_rules():
 def test_paged_errors():
     with pytest.raises(ValueError, match="page_table_k must be a contiguous int32"):
         _describe("paged_kv_bshd_bshd_bshd", tables=torch.zeros(3, PAGES, dtype=torch.int64))
-    with pytest.raises(ValueError, match="q has b=3 but the page tables have 2 rows"):
+    with pytest.raises(ValueError, match=r"has b=3 as qkv_layout=paged_kv_bshd_bshd_bshd reads it, but the page tables "
+                                         r"have 2 rows"):
         _describe("paged_kv_bshd_bshd_bshd", tables=torch.zeros(2, PAGES, dtype=torch.int32))
     with pytest.raises(ValueError, match="exceeds the page tables' capacity"):
         _describe("paged_kv_bshd_bshd_bshd", tables=torch.zeros(3, 2, dtype=torch.int32))

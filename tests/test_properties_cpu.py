@@ -34,6 +34,7 @@ from typing import Any, Optional
 import pytest
 import torch
 from hypothesis import HealthCheck, event, example, given, note, seed, settings
+from hypothesis import currently_in_test_context
 from hypothesis import strategies as st
 
 import te_cudnn
@@ -68,7 +69,8 @@ OUTCOMES: dict[str, collections.Counter] = collections.defaultdict(collections.C
 
 def _record(test: str, outcome: str) -> None:
     OUTCOMES[test][outcome] += 1
-    event(outcome)
+    if currently_in_test_context():  # the exhaustive tests below run outside hypothesis
+        event(outcome)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -667,3 +669,60 @@ def test_a_missing_positional_argument_is_named(fn: str, kind: str, data) -> Non
         assert err is not None, f"fused_attn_{fn} without {dropped} was accepted"
     if fn == "fwd" and dropped == "is_training":
         assert "is is_training missing?" in str(err), str(err)
+
+
+def _enum_changes() -> list:
+    """Every value of every enum-valued argument, by name and by number: a small space, so it is
+    walked whole rather than sampled (hypothesis found a layout whose error did not name it)."""
+    from te_cudnn.enums import SoftmaxType  # noqa: PLC0415
+
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int32]
+    out = []
+    for name, enum in (("qkv_layout", QKVLayout), ("attn_mask_type", AttnMaskType), ("attn_bias_type", AttnBiasType),
+                       ("softmax_type", SoftmaxType), ("fused_attention_backend", FusedAttnBackend)):  # fmt: skip
+        for member in enum:
+            out += [(name, member.name), (name, int(member))]
+    return out + [("qkv_dtype", dt) for dt in dtypes]
+
+
+ENUM_CHANGES = _enum_changes()
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("kind", BASELINES)
+def test_every_enum_value_is_accepted_or_named(direction: str, kind: str) -> None:
+    """Each enum-valued argument of a well-formed call set to each of its values, by name and by
+    number: accepted, unsupported (with reasons), or an error that names the argument; a shape
+    read through a changed layout included."""
+    if direction == "bwd" and kind in ("paged", "paged_thd"):
+        pytest.skip("paged layouts have no backward")
+    fn, baseline = (te_cudnn.fused_attn_fwd, _fwd_baseline) if direction == "fwd" else (te_cudnn.fused_attn_bwd,
+                                                                                        _bwd_baseline)  # fmt: skip
+    unnamed = []
+    for name, value in ENUM_CHANGES:
+        kw = {**baseline(kind), name: value}
+        err = _expect_named_error(lambda: fn(**kw), f"fused_attn_{direction}", f"enum_{direction}")
+        if err is not None and not isinstance(err, UnsupportedConfigError) and not _names(str(err), name):
+            unnamed.append(f"{name}={value!r}: {type(err).__name__}: {err}")
+    assert not unnamed, "errors that do not name the changed argument:\n" + "\n".join(unnamed)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_explain_answers_every_enum_value(bias: bool) -> None:
+    """explain with each enum-valued argument set to each value: every sub-backend's reasons,
+    or an error that names the argument."""
+    changes = [(n, v) for n, v in ENUM_CHANGES if n != "fused_attention_backend"]
+    changes = [("q_dtype" if n == "qkv_dtype" else n, v) for n, v in changes] + [
+        ("kv_dtype", v) for n, v in changes if n == "qkv_dtype"]  # fmt: skip
+    unnamed = []
+    for name, value in changes:
+        try:
+            ex = te_cudnn.explain(**{**_explain_baseline(bias), name: value})
+        except (TypeError, ValueError) as err:
+            check_error(err, "explain")
+            if not _names(str(err), name):
+                unnamed.append(f"{name}={value!r}: {type(err).__name__}: {err}")
+            continue
+        assert set(ex.reasons) == {b.name for b in REGISTRY}
+        assert (ex.backend == FusedAttnBackend.No_Backend) == all(ex.reasons.values()), (name, value, str(ex))
+    assert not unnamed, "errors that do not name the changed argument:\n" + "\n".join(unnamed)
