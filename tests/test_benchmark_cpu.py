@@ -547,3 +547,34 @@ def test_allocating_hand_built_contender_is_listed():
     assert c.allocating and c.name == "cuDNN graph (hand-built, allocating)"
     assert c.supports(case_by_name("test_1")) is None and "dense training" in c.supports(case_by_name("decode_kv8k"))
     assert "hand_built_alloc" in cli._epilog()
+
+
+def test_autotune_and_fp8_targets_are_listed():
+    """Autotuning counts a case only where the tuned contender is ≤ 0.97× the reference *and*
+    ≤ 0.98× its own heuristic plan; the FP8 target takes each case's fastest FP8 contender."""
+    cases = [{"name": n, "group": "te", "training": True, "modes": ["fwd_bwd"], "description": n} for n in "abc"]
+    ok = dict(status="ok")
+    rows = [
+        # a: tuning wins and the tuned plan is under 0.97 of the reference -> counts
+        dict(ok, case="a", contender="te_cudnn", fwd_bwd_ms=1.0),
+        dict(ok, case="a", contender="te_cudnn autotuned", fwd_bwd_ms=0.9),
+        dict(ok, case="a", contender="torch SDPA cuDNN", fwd_bwd_ms=1.0),
+        # b: under 0.97 of the reference, but no faster than the heuristic plan -> does not count
+        dict(ok, case="b", contender="te_cudnn", fwd_bwd_ms=0.9),
+        dict(ok, case="b", contender="te_cudnn autotuned", fwd_bwd_ms=0.9),
+        dict(ok, case="b", contender="torch SDPA cuDNN", fwd_bwd_ms=1.0),
+        # c: FP8 heuristic 1.1x, FP8 tuned 1.25x over bf16
+        dict(ok, case="c", contender="te_cudnn", fwd_bwd_ms=1.0),
+        dict(ok, case="c", contender="te_cudnn fp8", fwd_bwd_ms=1.0 / 1.1),
+        dict(ok, case="c", contender="te_cudnn fp8 autotuned", fwd_bwd_ms=0.8),
+    ]  # fmt: skip
+    text = report.to_markdown({"cases": cases, "env": {}, "peaks": {}, "settings": {}, "results": rows})
+    assert ("- autotuning: ≤ 0.97× torch SDPA cuDNN and ≤ 0.98× the heuristic plan on 1 of 2 tuned cases "
+            "(target: at least 2: missed)") in text
+    assert "  - a, te_cudnn autotuned: 0.900× torch SDPA cuDNN, 0.900× its heuristic plan (counts)" in text
+    assert "  - b, te_cudnn autotuned: 0.900× torch SDPA cuDNN, 1.000× its heuristic plan\n" in text
+    assert ("- FP8 fwd+bwd speed-up over bf16, c: te_cudnn fp8 1.10×, te_cudnn fp8 autotuned 1.25× "
+            "(target ≥ 1.2×: met)") in text
+    rows[-1]["fwd_bwd_ms"] = 0.9  # the tuned FP8 contender now 1.11x: below the target
+    text = report.to_markdown({"cases": cases, "env": {}, "peaks": {}, "settings": {}, "results": rows})
+    assert "te_cudnn fp8 autotuned 1.11× (target ≥ 1.2×: missed)" in text

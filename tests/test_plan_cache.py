@@ -483,3 +483,19 @@ def test_builds_run_with_the_callers_context_and_raise_in_the_caller(build_apart
         cache.get_or_build(key(max_seqlen_q=256, max_seqlen_kv=256), lambda: None)
     assert seen == [("caller's", True), ("caller's", True)]
     assert cache.stats().build_failures == 1
+
+
+@pytest.mark.parametrize("setting, expected", [(None, True), ("1", True), ("0", False), ("off", False), ("yes", True)],
+                         ids=["unset", "1", "0", "off", "yes"])  # fmt: skip
+def test_builds_apart_by_default_and_the_environment_turns_it_off(setting, expected) -> None:
+    """The module reads ``TE_CUDNN_BUILD_APART`` once, at import: checked in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TE_CUDNN_BUILD_APART"}
+    if setting is not None:
+        env["TE_CUDNN_BUILD_APART"] = setting
+    probe = "from te_cudnn.plans import cache; print(cache.BUILD_APART)"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(expected)

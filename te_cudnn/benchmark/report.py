@@ -278,7 +278,9 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
         lines.append(f"- host time, like for like: {te} {_num(host['us'][te], 3)} µs vs {yard} "
                      f"{_num(host['us'][yard], 3)} µs: {host['like_for_like_us']:+.2f} µs")  # fmt: skip
     lines += _parity_target(flat)
+    lines += _autotune_target(flat)
     lines += _hand_built_target(flat)
+    lines += _fp8_target(flat)
     for r in flat:
         if r["contender"] == "te_cudnn" and r["group"] == "memory" and r.get("mem_ratio") is not None:
             ok = r["mem_ratio"] <= MEM_TARGET
@@ -314,6 +316,61 @@ def _parity_target(flat: list[dict]) -> list[str]:
         low = r.get("ratio_low")
         verdict = "" if low is None else ("; 1.0 lies inside the interval" if low <= 1.0 else "; slower beyond the interval")
         lines.append(f"  - {r['case']}: {r['ratio_vs_sdpa_cudnn']:.3f}× ({_interval(r)}{verdict})")
+    return lines
+
+
+#: autotuning's target: at most this fraction of the reference's time on at least two cases ...
+AUTOTUNE_TARGET = 0.97
+AUTOTUNE_CASES = 2
+#: ... where the tuned plan also beats the same sub-backend's heuristic plan by this much
+AUTOTUNE_GAIN = 0.98
+#: FP8 fwd+bwd at least this many times faster than bf16 fwd+bwd (te_cudnn both)
+FP8_TARGET = 1.2
+
+
+def _autotune_target(flat: list[dict]) -> list[str]:
+    """Autotuned contenders (``... autotuned``) at most 0.97x the reference's time on at least two
+    cases *thanks to tuning*: a case counts where the tuned contender is under 0.97x the reference
+    and at most 0.98x the same sub-backend's heuristic contender (the name without
+    " autotuned"), timed in the same run. Each tuned case is listed with both ratios."""
+    by = {(r["case"], r["contender"]): r for r in flat if r["status"] == "ok"}
+    rows = []
+    for (case, who), r in by.items():
+        plain = by.get((case, who.removesuffix(" autotuned")))
+        if not who.endswith(" autotuned") or r.get("ratio_vs_sdpa_cudnn") is None or plain is None:
+            continue
+        field = next((f for f in ("fwd_bwd_ms", "fwd_ms") if r.get(f) and plain.get(f)), None)
+        if field is None:
+            continue
+        rows.append((case, who, r["ratio_vs_sdpa_cudnn"], r[field] / plain[field]))
+    if not rows:
+        return []
+    counted = [row for row in rows if row[2] <= AUTOTUNE_TARGET and row[3] <= AUTOTUNE_GAIN]
+    ok = len(counted) >= AUTOTUNE_CASES
+    lines = [f"- autotuning: ≤ {AUTOTUNE_TARGET}× {REFERENCE} and ≤ {AUTOTUNE_GAIN}× the heuristic plan on "
+             f"{len(counted)} of {len(rows)} tuned cases (target: at least {AUTOTUNE_CASES}: "
+             f"{'met' if ok else 'missed'})"]  # fmt: skip
+    for case, who, vs_ref, vs_plain in sorted(rows):
+        mark = " (counts)" if (case, who, vs_ref, vs_plain) in counted else ""
+        lines.append(f"  - {case}, {who}: {vs_ref:.3f}× {REFERENCE}, {vs_plain:.3f}× its heuristic plan{mark}")
+    return lines
+
+
+def _fp8_target(flat: list[dict]) -> list[str]:
+    """FP8 fwd+bwd against bf16 fwd+bwd (te_cudnn both) on every case both ran: the speed-up of
+    each FP8 contender (heuristic and autotuned); a case meets the target with its fastest."""
+    by = {(r["case"], r["contender"]): r for r in flat if r["status"] == "ok"}
+    per_case: dict[str, list[tuple[float, str]]] = {}
+    for (case, who), r in by.items():
+        bf = by.get((case, "te_cudnn"))
+        if who.startswith("te_cudnn fp8") and bf and bf.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
+            per_case.setdefault(case, []).append((bf["fwd_bwd_ms"] / r["fwd_bwd_ms"], who))
+    lines = []
+    for case, speedups in sorted(per_case.items()):
+        best = max(speedups)[0]
+        cells = ", ".join(f"{who} {x:.2f}×" for x, who in sorted(speedups, key=lambda t: t[1]))
+        lines.append(f"- FP8 fwd+bwd speed-up over bf16, {case}: {cells} (target ≥ {FP8_TARGET}×: "
+                     f"{'met' if best >= FP8_TARGET else 'missed'})")
     return lines
 
 

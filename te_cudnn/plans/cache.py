@@ -338,9 +338,10 @@ def _recency(plan: CompiledPlan) -> int:
     return plan.last_used
 
 
-#: ``TE_CUDNN_BUILD_APART=1``: build plans in a thread of their own (:func:`run_apart`). Off by
-#: default until it has run on a GPU (CPU-tested only; see the CHANGELOG).
-BUILD_APART = os.environ.get("TE_CUDNN_BUILD_APART", "0").strip().lower() in ("1", "true", "on", "yes")
+#: Build plans in a thread of their own (:func:`run_apart`); on by default,
+#: ``TE_CUDNN_BUILD_APART=0`` builds them in the calling thread (and brings back the
+#: frontend's reference cycle through the caller's frames, see :func:`run_apart`).
+BUILD_APART = os.environ.get("TE_CUDNN_BUILD_APART", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
