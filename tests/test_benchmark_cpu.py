@@ -409,13 +409,52 @@ def test_tools_bench_keeps_its_options() -> None:
     assert callable(bench.host_medians)  # tools/bench_ops.py imports it from here
 
 
-def test_interleaved_rounds_rotate_the_order():
+def test_interleaved_rounds_shuffle_the_order_reproducibly():
+    """Every round takes every sampler once, in a fresh seeded order: each contender follows
+    many different neighbours (a rotation would keep its predecessor fixed), and the same seed
+    gives the same orders."""
     from te_cudnn.benchmark.measure import interleaved
 
-    calls = []
-    samples = interleaved({n: (lambda n=n: calls.append(n) or 1.0) for n in "abc"}, 4)
-    assert calls == list("abc" "bca" "cab" "abc")
-    assert {n: len(v) for n, v in samples.items()} == {"a": 4, "b": 4, "c": 4}
+    def run(seed):
+        calls = []
+        samples = interleaved({n: (lambda n=n: calls.append(n) or 1.0) for n in "abcde"}, 20, seed)
+        return calls, samples
+
+    calls, samples = run(0)
+    assert {n: len(v) for n, v in samples.items()} == {n: 20 for n in "abcde"}
+    rounds = [calls[i:i + 5] for i in range(0, 100, 5)]
+    assert all(sorted(r) == list("abcde") for r in rounds)
+    predecessors = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in "abcde"}
+    assert all(len(p) >= 3 for p in predecessors.values()), predecessors
+    assert run(0)[0] == calls and run(1)[0] != calls
+
+
+def test_samplers_run_their_lead_untimed_first(monkeypatch):
+    """The lead: untimed work of the same contender before each sample, sized from lead_ms."""
+    from te_cudnn.benchmark import measure
+
+    assert measure.lead_count(20.0, 7.0) == 3 and measure.lead_count(20.0, 30.0) == 1
+    assert measure.lead_count(0.0, 7.0, least=1) == 1 and measure.lead_count(20.0, 0.0) == 0
+    seen = []
+    monkeypatch.setattr(measure, "event_ms", lambda fn, reps=1, lead=0: seen.append((reps, lead)) or 4.0)
+    assert measure.eager_sampler(lambda: None, 2, lead=3)() == 4.0
+    assert measure.eager_sampler(lambda: None, 2, lead=0)() == 4.0  # never below EAGER_LEAD
+
+    class Graph:
+        def replay(self):
+            pass
+
+    assert measure.graph_sampler(Graph(), 2, lead=5)() == 2.0  # one replay of 2 calls: 4.0 / 2
+    assert seen == [(2, 3), (2, measure.EAGER_LEAD), (1, 5)]
+
+
+def test_lead_ms_option():
+    args = cli.build_parser().parse_args(["--lead-ms", "50"])
+    assert args.lead_ms == 50.0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(["--lead-ms", bad])
+        assert exc.value.code == 2
 
 
 def test_late_contenders_are_compared_within_their_own_rounds():

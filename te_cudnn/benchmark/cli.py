@@ -42,6 +42,16 @@ def add_arguments(p: argparse.ArgumentParser, taken: Sequence[str] = ()) -> None
     _add_options(add)
 
 
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _add_options(add: Any) -> None:
     add("--quick", action="store_true", help="a small subset, about one minute on an H100")
     add("--cases", default=None, help="comma-separated case names or groups (default: the default groups; "
@@ -54,6 +64,8 @@ def _add_options(add: Any) -> None:
     add("--max-seconds", type=float, default=None, help="start no case after this many seconds (default 480; "
                                                         "--quick 150)")
     add("--no-graphs", action="store_true", help="eager timing only (no CUDA-graph replay)")
+    add("--lead-ms", type=_milliseconds, default=None, help="untimed work of the same contender before each timed sample, "
+                                                    "in ms (default 20; 0: one untimed eager call, none for graphs)")
     add("--no-host", action="store_true", help="skip the host-time section")
     add("--every-case", action="store_true", help="run FlexAttention (compiles per case) and te_cudnn autotuned "
                                                   "(tunes per new plan) on every case, not on their default subsets")
@@ -125,6 +137,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         over["deadline_s"] = args.max_seconds
     if args.no_graphs:
         over["graphs"] = False
+    if args.lead_ms is not None:
+        over["lead_ms"] = args.lead_ms
     if args.no_host:
         over["host"] = False
     if args.every_case:

@@ -2,9 +2,11 @@
 
 * Device time: CUDA events around ``reps`` back-to-back eager calls that follow one untimed
   call (host gaps included: a host-bound call shows them), and around the replay of a CUDA
-  graph holding ``reps`` captured calls (no host gaps). Contenders are timed in turn in every round (A B C A B C ...) so
-  clock and thermal drift hit them alike; the median over rounds is reported, with the spread
-  (interquartile range over median).
+  graph holding ``reps`` captured calls (no host gaps). Before each sample the same contender
+  runs untimed for a while (``lead``), so the GPU's clocks settle to its own load; contenders are
+  timed in turn in every round, in a fresh random order each round (:func:`interleaved`), so
+  clock and thermal drift and the neighbour each sample follows hit them alike; the median over
+  rounds is reported, with the spread (interquartile range over median).
 * Host time: ``perf_counter`` over many back-to-back cached calls on a tiny problem, where the
   host, not the GPU, is the bottleneck (:func:`host_medians`).
 * Peak memory: ``torch.cuda.max_memory_allocated`` around one call, reset before.
@@ -15,13 +17,15 @@
 from __future__ import annotations
 
 import gc
+import math
+import random
 import statistics
 import time
 from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["capture", "eager_sampler", "graph_sampler", "interleaved", "summarize", "host_medians",
+__all__ = ["capture", "eager_sampler", "graph_sampler", "interleaved", "lead_count", "summarize", "host_medians",
            "EAGER_LEAD", "matmul_peak_tflops", "fp8_matmul_peak_tflops", "copy_bandwidth_gbps", "event_ms", "free_memory"]  # fmt: skip
 
 
@@ -67,26 +71,45 @@ def capture(fn: Callable[[], Any], reps: int, setup: Optional[Callable[[], Any]]
 EAGER_LEAD = 1
 
 
-def eager_sampler(call: Callable[[], Any], reps: int) -> Callable[[], float]:
-    """Back-to-back eager calls: one untimed call, then ``reps`` timed ones. The host queues
-    the timed calls while the GPU runs the lead one, so the time is the calls' device time plus
-    only the gaps a host that cannot keep up leaves (small, host-bound calls show them)."""
-    return lambda: event_ms(call, reps, lead=EAGER_LEAD)
+def lead_count(lead_ms: float, ms_per_unit: float, least: int = 0) -> int:
+    """How many untimed units (calls, graph replays) of ``ms_per_unit`` each fill ``lead_ms``."""
+    if lead_ms <= 0 or ms_per_unit <= 0:
+        return least
+    return max(least, math.ceil(lead_ms / ms_per_unit))
 
 
-def graph_sampler(graph, reps: int) -> Callable[[], float]:
-    return lambda: event_ms(graph.replay) / reps
+def eager_sampler(call: Callable[[], Any], reps: int, lead: int = EAGER_LEAD) -> Callable[[], float]:
+    """Back-to-back eager calls: ``lead`` untimed calls (at least one), then ``reps`` timed ones.
+    The host queues the timed calls while the GPU runs the lead ones, so the time is the calls'
+    device time plus only the gaps a host that cannot keep up leaves (small, host-bound calls
+    show them); a longer lead also lets the GPU's clocks settle to this call's own load."""
+    lead = max(EAGER_LEAD, lead)
+    return lambda: event_ms(call, reps, lead=lead)
 
 
-def interleaved(samplers: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """``rounds`` samples of each sampler, taking them in turn in every round. The order
-    rotates from round to round, so that no contender always runs first or right after the
-    same heavy neighbour (clock and power state then hit every contender alike)."""
+def graph_sampler(graph, reps: int, lead: int = 0) -> Callable[[], float]:
+    """One timed replay of a graph of ``reps`` calls, after ``lead`` untimed replays."""
+    return lambda: event_ms(graph.replay, lead=lead) / reps
+
+
+def interleaved(samplers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, list[float]]:
+    """``rounds`` samples of each sampler, taking them in turn in every round, in a fresh order
+    each round (a permutation drawn from ``random.Random(seed)``: the same orders in every run).
+
+    Why not a fixed order, or one rotated from round to round: a sample's time depends on what
+    the GPU ran just before it. On an H100, a contender timed after torch SDPA's flash backend
+    (a slower, cooler kernel) ran up to 8 % faster than the same cuDNN engine timed after a
+    fast one, and the effect fades only over several samples (``tools/probe_order_effect.py``,
+    ``benchmarks/2026-11-26-s13-h100-order/``). A rotation keeps every contender's predecessor
+    fixed in all but one position of the cycle, so that bias went into the medians; random
+    orders spread every neighbour over every contender."""
+    rng = random.Random(seed)
     out: dict[str, list[float]] = {name: [] for name in samplers}
     names = list(samplers)
-    for r in range(rounds):
-        shift = r % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
             out[name].append(samplers[name]())
     return out
 

@@ -25,7 +25,7 @@ from .contenders import Contender
 from .handbuilt import HandGraphs
 from .inputs import make_inputs, tensor_bytes
 from .measure import (EAGER_LEAD, capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
-                      graph_sampler, host_medians, interleaved, matmul_peak_tflops, summarize)  # fmt: skip
+                      graph_sampler, host_medians, interleaved, lead_count, matmul_peak_tflops, summarize)  # fmt: skip
 
 __all__ = ["Settings", "run_benchmark", "environment", "host_section", "SCHEMA"]
 
@@ -43,6 +43,8 @@ class Settings:
     sample_ms: float = 2.0  # each sample times at least this much work: reps = sample_ms / call time
     max_reps: int = 50
     graph_max_ms: float = 20.0  # calls longer than this are timed eagerly only (launch gaps are noise there)
+    lead_ms: float = 20.0  # untimed work of the same contender before each sample (the GPU's clocks settle to it)
+    order_seed: int = 0  # the rounds' orders (measure.interleaved)
     graphs: bool = True
     host: bool = True
     host_rounds: int = 15
@@ -345,13 +347,17 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
             rows[n]["notes"] = _add(rows[n].get("notes"), f"{mode}: CUDA-graph capture failed ({_one_line(exc)}); "
                                     f"{CAPTURE_FAILURE_COST}")  # fmt: skip
     samplers = {}
+    per_round = 0.0
     for n in calls:
-        samplers[(n, "eager")] = eager_sampler(calls[n], reps[n])
+        lead = lead_count(settings.lead_ms, est[n], EAGER_LEAD)
+        samplers[(n, "eager")] = eager_sampler(calls[n], reps[n], lead)
+        per_round += est[n] * (reps[n] + lead)
         if n in graphs:
-            samplers[(n, "graph")] = graph_sampler(graphs[n][0], reps[n])
-    per_round = sum(est[n] * (reps[n] + EAGER_LEAD + (reps[n] if n in graphs else 0)) for n in calls) or 1.0
-    rounds = max(settings.min_rounds, min(settings.rounds, int(settings.mode_budget_s * 1e3 / per_round)))
-    samples = interleaved(samplers, rounds) if samplers else {}
+            lead = lead_count(settings.lead_ms, est[n] * reps[n])
+            samplers[(n, "graph")] = graph_sampler(graphs[n][0], reps[n], lead)
+            per_round += est[n] * reps[n] * (1 + lead)
+    rounds = max(settings.min_rounds, min(settings.rounds, int(settings.mode_budget_s * 1e3 / (per_round or 1.0))))
+    samples = interleaved(samplers, rounds, settings.order_seed) if samplers else {}
     for n in calls:
         eager, spread_e = summarize(samples[(n, "eager")])
         row = rows[n]
