@@ -358,13 +358,19 @@ def _autotune_target(flat: list[dict]) -> list[str]:
 
 def _fp8_target(flat: list[dict]) -> list[str]:
     """FP8 fwd+bwd against bf16 fwd+bwd (te_cudnn both) on every case both ran: the speed-up of
-    each FP8 contender (heuristic and autotuned); a case meets the target with its fastest."""
+    each FP8 contender over its bf16 sibling timed in the same rounds ("te_cudnn fp8" over
+    "te_cudnn", "te_cudnn fp8 autotuned" over "te_cudnn autotuned", both late contenders; the
+    untuned "te_cudnn" where the sibling did not run); a case meets the target with its fastest."""
     by = {(r["case"], r["contender"]): r for r in flat if r["status"] == "ok"}
     per_case: dict[str, list[tuple[float, str]]] = {}
     for (case, who), r in by.items():
-        bf = by.get((case, "te_cudnn"))
-        if who.startswith("te_cudnn fp8") and bf and bf.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
-            per_case.setdefault(case, []).append((bf["fwd_bwd_ms"] / r["fwd_bwd_ms"], who))
+        if not who.startswith("te_cudnn fp8"):
+            continue
+        sibling = who.replace(" fp8", "", 1)
+        bf = by.get((case, sibling)) or by.get((case, "te_cudnn"))
+        if bf and bf.get("fwd_bwd_ms") and r.get("fwd_bwd_ms"):
+            over = "" if bf["contender"] == "te_cudnn" else f" over {bf['contender']}"
+            per_case.setdefault(case, []).append((bf["fwd_bwd_ms"] / r["fwd_bwd_ms"], who + over))
     lines = []
     for case, speedups in sorted(per_case.items()):
         best = max(speedups)[0]
