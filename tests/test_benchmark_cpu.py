@@ -621,3 +621,41 @@ def test_autotune_and_fp8_targets_are_listed():
     rows.append(dict(ok, case="c", contender="te_cudnn autotuned", fwd_bwd_ms=1.125))
     text = report.to_markdown({"cases": cases, "env": {}, "peaks": {}, "settings": {}, "results": rows})
     assert "te_cudnn fp8 autotuned over te_cudnn autotuned 1.25× (target ≥ 1.2×: met)" in text
+
+
+def test_a_run_gets_a_private_plan_store_by_default(monkeypatch, tmp_path):
+    """A store that holds tuned plans gives them to untuned contenders too, so a run uses a
+    fresh, private store unless told otherwise; the caller's setting comes back afterwards and
+    the cache's per-device store memo is forgotten on the way in and out."""
+    import os
+
+    from te_cudnn.benchmark.runner import plan_store_for_run
+    from te_cudnn.plans import cache
+
+    assert Settings().plan_store == "fresh"
+    monkeypatch.setenv("TE_CUDNN_PLAN_STORE", "/the/callers/store")
+    monkeypatch.setattr(cache, "_stores", {0: "the caller's store object"})
+    with plan_store_for_run("fresh") as value:
+        private = Path(value)
+        assert os.environ["TE_CUDNN_PLAN_STORE"] == value and private.is_dir() and not any(private.iterdir())
+        assert cache._stores == {}
+        cache._stores[0] = "the run's store object"
+    assert not private.exists() and os.environ["TE_CUDNN_PLAN_STORE"] == "/the/callers/store"
+    assert cache._stores == {}
+    with plan_store_for_run("default") as value:
+        assert value is None and os.environ["TE_CUDNN_PLAN_STORE"] == "/the/callers/store"
+    for setting in ("off", str(tmp_path)):
+        with plan_store_for_run(setting) as value:
+            assert value == setting == os.environ["TE_CUDNN_PLAN_STORE"]
+    monkeypatch.delenv("TE_CUDNN_PLAN_STORE")
+    with plan_store_for_run("off"):
+        pass
+    assert "TE_CUDNN_PLAN_STORE" not in os.environ
+
+
+def test_plan_store_option():
+    assert cli.build_parser().parse_args(["--plan-store", "default"]).plan_store == "default"
+    assert cli.build_parser().parse_args([]).plan_store is None  # Settings' default: fresh
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["--plan-store", " "])
+    assert exc.value.code == 2

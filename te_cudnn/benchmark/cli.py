@@ -52,6 +52,12 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _store_setting(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected fresh, default, off or a directory, got an empty string")
+    return text
+
+
 def _add_options(add: Any) -> None:
     add("--quick", action="store_true", help="a small subset, about one minute on an H100")
     add("--cases", default=None, help="comma-separated case names or groups (default: the default groups; "
@@ -67,6 +73,10 @@ def _add_options(add: Any) -> None:
     add("--lead-ms", type=_milliseconds, default=None, help="untimed work of the same contender before each timed sample, "
                                                     "in ms (default 20; 0: one untimed eager call, none for graphs)")
     add("--no-host", action="store_true", help="skip the host-time section")
+    add("--plan-store", type=_store_setting, default=None, metavar="WHERE",
+        help="the plan store of the run: 'fresh' (default: a private empty store, deleted afterwards, so untuned "
+             "contenders run untuned plans), 'default' (TE_CUDNN_PLAN_STORE or the user's store), 'off', or a "
+             "directory")
     add("--every-case", action="store_true", help="run FlexAttention (compiles per case) and te_cudnn autotuned "
                                                   "(tunes per new plan) on every case, not on their default subsets")
     add("--list", action="store_true", help="list the cases and contenders, then exit (no GPU needed)")
@@ -139,6 +149,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         over["graphs"] = False
     if args.lead_ms is not None:
         over["lead_ms"] = args.lead_ms
+    if args.plan_store is not None:
+        over["plan_store"] = args.plan_store
     if args.no_host:
         over["host"] = False
     if args.every_case:

@@ -10,16 +10,20 @@ neither stops the run. The result is a plain dict (see :mod:`.report`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import platform
 import subprocess
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from ..plans.cache import forget_stores
 from .cases import Case
 from .contenders import Contender
 from .handbuilt import HandGraphs
@@ -27,7 +31,7 @@ from .inputs import make_inputs, tensor_bytes
 from .measure import (EAGER_LEAD, capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
                       graph_sampler, host_medians, interleaved, lead_count, matmul_peak_tflops, summarize)  # fmt: skip
 
-__all__ = ["Settings", "run_benchmark", "environment", "host_section", "SCHEMA"]
+__all__ = ["Settings", "run_benchmark", "plan_store_for_run", "environment", "host_section", "SCHEMA"]
 
 SCHEMA = "te_cudnn.benchmark/1"
 
@@ -52,6 +56,7 @@ class Settings:
     peaks: bool = True
     deadline_s: float = 480.0  # no case or contender starts after this many seconds
     every_case: bool = False  # FlexAttention and te_cudnn autotuned on every case, not their default subsets
+    plan_store: str = "fresh"  # "fresh" (a private empty store for the run), "default", "off" or a directory
 
     @classmethod
     def for_run(cls, quick: bool, rounds: Optional[int] = None, **over: Any) -> "Settings":
@@ -458,9 +463,46 @@ def _sync_quietly() -> None:
 
 
 # ---------------------------------------------------------------------------- everything
+@contextlib.contextmanager
+def plan_store_for_run(setting: str) -> Iterator[Optional[str]]:
+    """The plan store the run uses (``Settings.plan_store``), as ``TE_CUDNN_PLAN_STORE`` while
+    it runs; yields that value (None: the caller's own setting).
+
+    ``fresh`` (the default): a private, empty store, deleted afterwards. A store that already
+    holds tuned plans gives them to every later process, with autotuning off too (tuning is paid
+    once per GPU model): in the caller's store, te_cudnn's untuned contenders would run tuned
+    plans, and plan build times would read as loads. ``default``: the caller's store as it is;
+    ``off``: none; anything else: that directory."""
+    if setting == "default":
+        yield None
+        return
+    before = os.environ.get("TE_CUDNN_PLAN_STORE")
+    with contextlib.ExitStack() as stack:
+        value = setting
+        if setting == "fresh":
+            value = stack.enter_context(tempfile.TemporaryDirectory(prefix="te_cudnn_bench_plans_"))
+        os.environ["TE_CUDNN_PLAN_STORE"] = value
+        forget_stores()
+        try:
+            yield value
+        finally:
+            if before is None:
+                os.environ.pop("TE_CUDNN_PLAN_STORE", None)
+            else:
+                os.environ["TE_CUDNN_PLAN_STORE"] = before
+            forget_stores()
+
+
 def run_benchmark(cases: list[Case], contenders: list[Contender], settings: Settings,
                   log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Run ``cases`` x ``contenders``; the results dict :mod:`.report` renders."""
+    """Run ``cases`` x ``contenders``; the results dict :mod:`.report` renders. The plans live in
+    the store ``settings.plan_store`` names (:func:`plan_store_for_run`)."""
+    with plan_store_for_run(settings.plan_store):
+        return _run_benchmark(cases, contenders, settings, log)
+
+
+def _run_benchmark(cases: list[Case], contenders: list[Contender], settings: Settings,
+                   log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     start = time.monotonic()
     deadline = start + settings.deadline_s
     res: dict[str, Any] = {

@@ -32,7 +32,7 @@ from ..errors import GraphBuildError
 from .key import PlanKey
 from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
 
-__all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache", "run_apart"]
+__all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache", "run_apart", "forget_stores"]
 
 _log = logging.getLogger("te_cudnn")
 
@@ -189,6 +189,14 @@ def store_for(device: int):
             store = None
         _stores[device] = store
         return store
+
+
+def forget_stores() -> None:
+    """Forget which plan store each device uses: the next lookup reads ``TE_CUDNN_PLAN_STORE``
+    again (for a process that points the variable elsewhere after its first call, as
+    ``te-cudnn bench`` does for its private store). Plans already in the plan cache stay."""
+    with _stores_lock:
+        _stores.clear()
 
 
 def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
