@@ -659,3 +659,21 @@ def test_plan_store_option():
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(["--plan-store", " "])
     assert exc.value.code == 2
+
+
+def test_hand_built_misses_carry_their_paired_interval():
+    """A case above the 1.02 target against a hand-built graph is listed with its ratio paired
+    by round and the interval, which says whether 1.02 lies inside it (noise) or not."""
+    case = {"name": "c", "group": "te", "training": True, "modes": ["fwd_bwd"], "description": "c"}
+    ok = dict(case="c", status="ok")
+    te_eager = [1.10, 1.00, 1.20, 0.95, 1.10, 1.00, 1.05, 1.15, 0.98, 1.12]
+    hand_eager = [1.0] * 10
+    results = {"cases": [case], "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(ok, contender="te_cudnn", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=1.05, fwd_bwd_eager_ms=1.075,
+             fwd_bwd_graph_samples=[1.05] * 10, fwd_bwd_eager_samples=te_eager),
+        dict(ok, contender="cuDNN graph (hand-built)", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=1.0, fwd_bwd_eager_ms=1.0,
+             fwd_bwd_graph_samples=[1.0] * 10, fwd_bwd_eager_samples=hand_eager),
+    ]}  # fmt: skip
+    text = report.to_markdown(results)
+    assert "  - c: 1.050× (paired by round 1.050×, 95% interval [1.050, 1.050]; above 1.02 beyond the interval)" in text
+    assert "  - c: 1.075× (paired by round 1.075×, 95% interval [0.980, 1.150]; 1.02 lies inside the interval)" in text

@@ -279,7 +279,7 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
                      f"{_num(host['us'][yard], 3)} µs: {host['like_for_like_us']:+.2f} µs")  # fmt: skip
     lines += _parity_target(flat)
     lines += _autotune_target(flat)
-    lines += _hand_built_target(flat)
+    lines += _hand_built_target(flat, results.get("results", []))
     lines += _fp8_target(flat)
     for r in flat:
         if r["contender"] == "te_cudnn" and r["group"] == "memory" and r.get("mem_ratio") is not None:
@@ -384,11 +384,27 @@ def _fp8_target(flat: list[dict]) -> list[str]:
 HAND_BUILT_TARGET = 1.02
 
 
-def _hand_built_target(flat: list[dict]) -> list[str]:
+def _samples_of(row: Optional[dict], field: str) -> Optional[list]:
+    """The per-round samples behind ``row[field]`` (``fwd_bwd_graph_ms`` / ``fwd_bwd_eager_ms``):
+    ``*_graph_samples`` / ``*_eager_samples``, or in results written before those were kept,
+    ``{mode}_samples`` where it holds that kind (graph samples when the row has a graph time)."""
+    if not row:
+        return None
+    kept = row.get(field.replace("_ms", "_samples"))
+    if kept is not None:
+        return kept
+    mode, kind, _ = field.rsplit("_", 2)
+    return row.get(f"{mode}_samples") if (kind == "graph") == (row.get(f"{mode}_graph_ms") is not None) else None
+
+
+def _hand_built_target(flat: list[dict], raw: list[dict] = ()) -> list[str]:
     """te_cudnn's fwd+bwd over the hand-built graphs' on the cases both ran: the largest ratio in
     CUDA-graph replay and in eager back-to-back calls, against the graph writing into results
-    allocated once and against the one allocating its results per call (as te_cudnn does)."""
+    allocated once and against the one allocating its results per call (as te_cudnn does). Each
+    case above the target is listed with its ratio paired by round and that ratio's interval
+    (both contenders are timed in the same rounds), where the run kept the samples."""
     by = {(r["case"], r["contender"]): r for r in flat if r["status"] == "ok"}
+    samples = {(r["case"], r["contender"]): r for r in raw}
     lines = []
     for hand, what in (("cuDNN graph (hand-built)", "results allocated once"),
                        ("cuDNN graph (hand-built, allocating)", "results allocated per call")):  # fmt: skip
@@ -398,10 +414,20 @@ def _hand_built_target(flat: list[dict]) -> list[str]:
             if not ratios:
                 continue
             worst, case = max(ratios)
-            over = sorted(c for r, c in ratios if r > HAND_BUILT_TARGET)
+            over = sorted((c, r) for r, c in ratios if r > HAND_BUILT_TARGET)
             lines.append(f"- te_cudnn / hand-built graph ({what}), {kind}: at most {worst:.3f}× ({case}) over "
                          f"{len(ratios)} cases (target ≤ {HAND_BUILT_TARGET}: "
-                         + ("met)" if not over else f"missed on {', '.join(over)})"))
+                         + ("met)" if not over else f"missed on {', '.join(c for c, _ in over)})"))
+            for c, r in over:
+                paired = paired_ratio(_samples_of(samples.get((c, "te_cudnn")), field),
+                                      _samples_of(samples.get((c, hand)), field))  # fmt: skip
+                if paired is None:
+                    continue
+                med, low, high = paired
+                verdict = (f"{HAND_BUILT_TARGET} lies inside the interval" if low <= HAND_BUILT_TARGET
+                           else f"above {HAND_BUILT_TARGET} beyond the interval")  # fmt: skip
+                lines.append(f"  - {c}: {r:.3f}× (paired by round {med:.3f}×, {RATIO_CONFIDENCE:.0%} interval "
+                             f"[{low:.3f}, {high:.3f}]; {verdict})")
     return lines
 
 

@@ -369,11 +369,12 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
         row[f"{mode}_eager_ms"] = eager
         row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = eager, spread_e
         row[f"{mode}_samples"] = samples[(n, "eager")]  # per round, for ratios paired by round (report)
+        row[f"{mode}_eager_samples"] = samples[(n, "eager")]
         if n in graphs:
             graph, spread_g = summarize(samples[(n, "graph")])
             row[f"{mode}_graph_ms"] = graph
             row[f"{mode}_ms"], row[f"{mode}_spread_pct"] = graph, spread_g
-            row[f"{mode}_samples"] = samples[(n, "graph")]
+            row[f"{mode}_samples"] = row[f"{mode}_graph_samples"] = samples[(n, "graph")]
         row["rounds"] = max(row.get("rounds", 0), rounds)
     del graphs, keep, samplers
     torch.cuda.synchronize()
