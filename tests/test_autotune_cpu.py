@@ -233,8 +233,9 @@ def test_measure_rejects_bad_timer_output() -> None:
 
 
 def fake_group_timer(runs, *, warmup: int, reps: int) -> list:
-    """A fake side-by-side timer: runs each run once per round, in rotating order (as the
-    device's does); samples from FAKE_MS by the order of first runs (not measurements)."""
+    """A fake side-by-side timer: runs each run once per round, in rotating order (a fixed
+    order the test can spell out; the device's timer shuffles each round); samples from
+    FAKE_MS by the order of first runs (not measurements)."""
     order: list[int] = []
     for r in range(reps):
         for i in list(range(len(runs)))[r % len(runs):] + list(range(len(runs)))[: r % len(runs)]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from te_cudnn.plans.order import order_rng, round_order
 from te_cudnn.plans.split import chosen_split, measure_splits, slice_operand, split_choices, split_config
 from te_cudnn.plans.tune import CandidateTiming, TuningResult
 
@@ -72,13 +73,23 @@ def test_measure_splits_records_times_and_keeps_the_whole_call_unless_faster():
     def agree(uid, got, ref):
         return None if torch.equal(got, ref) else "differs"
 
-    times = iter([3.0, 5.0, 6.0, 7.0])  # batch/2, batch/4, batch_heads/8, batch_heads/16
-    rec = measure_splits(Key, 4.0, ops, want, lambda cfg: ("plan", cfg.b), run, agree, lambda fn: next(times), 1.01)
+    def timer(ms_by_part: dict):  # a split's time by its part's (b, h), whatever the order of the rounds
+        def time_ms(fn):
+            fn()
+            return ms_by_part[runs[-1][1:]]
+
+        return time_ms
+
+    build = lambda cfg: ("plan", cfg.b, cfg.h)  # noqa: E731
+    # batch/2 (b=2), batch/4 (b=1), batch_heads/8 (one sequence, h/2), batch_heads/16 (h/4)
+    rec = measure_splits(Key, 4.0, ops, want, build, run, agree, timer({(2, 8): 3.0, (1, 8): 5.0, (1, 4): 6.0, (1, 2): 7.0}),
+                         1.01)  # fmt: skip
     assert rec["chosen"] == ["batch", 2] and rec["whole_ms"] == 4.0
     assert [c["parts"] for c in rec["candidates"]] == [2, 4, 8, 16] and rec["candidates"][0]["median_ms"] == 3.0
-    assert ("plan", 2) in runs and ("plan", 1) in runs
-    times = iter([4.5, 5.0, 4.2, 6.0])
-    assert measure_splits(Key, 4.0, ops, want, lambda c: None, run, agree, lambda fn: next(times), 1.01)["chosen"] is None
+    assert [c["median_ms"] for c in rec["candidates"]] == [3.0, 5.0, 6.0, 7.0]
+    assert ("plan", 2, 8) in runs and ("plan", 1, 8) in runs
+    slow = timer({(2, 8): 4.5, (1, 8): 5.0, (1, 4): 4.2, (1, 2): 6.0})
+    assert measure_splits(Key, 4.0, ops, want, build, run, agree, slow, 1.01)["chosen"] is None
 
 
 def test_measure_splits_refuses_parts_that_disagree():
@@ -105,9 +116,10 @@ def test_record_round_trip_keeps_the_split():
     assert chosen_split(TuningResult([t], t, t).to_record()) is None
 
 
-def test_measure_splits_times_the_whole_call_beside_the_splits_in_rotating_rounds():
-    """With ``whole``, the whole call is timed again in the same rounds as the splits; the order
-    rotates every round and each contender's time is its median over the rounds."""
+def test_measure_splits_times_the_whole_call_beside_the_splits_in_shuffled_rounds():
+    """With ``whole``, the whole call is timed again in the same rounds as the splits; every
+    round visits each contender once, in the seeded order of :mod:`te_cudnn.plans.order`, and
+    each contender's time is its median over the rounds."""
 
     class Key:
         config = _Cfg(2, 3, 3)  # one choice: batch halves
@@ -134,7 +146,10 @@ def test_measure_splits_times_the_whole_call_beside_the_splits_in_rotating_round
 
     rec = measure_splits(Key, 1.0, ops, want, lambda cfg: None, run, lambda uid, g, w: None if torch.equal(g, w) else "x",
                          time_ms, 1.01, whole=whole, rounds=3)  # fmt: skip
-    assert order == ["whole", "split", "split", "whole", "whole", "split"]  # rotated each round
+    rng = order_rng()
+    expected = [["whole", "split"][i] for _ in range(3) for i in round_order(range(2), rng)]
+    assert order == expected
+    assert all(sorted(order[2 * r: 2 * r + 2]) == ["split", "whole"] for r in range(3))  # each once per round
     assert rec["rounds"] == 3 and rec["whole_ms"] == 5.5 and rec["candidates"][0]["median_ms"] == 5.2
     assert rec["chosen"] == ["batch", 2]  # 5.2 * 1.01 <= 5.5 (the stale whole_ms=1.0 passed in is not used)
 

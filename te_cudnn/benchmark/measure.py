@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import gc
 import math
-import random
 import statistics
 import time
 from typing import Any, Callable, Optional
 
 import torch
+
+from ..plans.order import ORDER_SEED, order_rng, round_order
 
 __all__ = ["capture", "eager_sampler", "graph_sampler", "interleaved", "lead_count", "summarize", "host_medians",
            "EAGER_LEAD", "matmul_peak_tflops", "fp8_matmul_peak_tflops", "copy_bandwidth_gbps", "event_ms", "free_memory"]  # fmt: skip
@@ -92,25 +93,14 @@ def graph_sampler(graph, reps: int, lead: int = 0) -> Callable[[], float]:
     return lambda: event_ms(graph.replay, lead=lead) / reps
 
 
-def interleaved(samplers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, list[float]]:
+def interleaved(samplers: dict[str, Callable[[], float]], rounds: int, seed: int = ORDER_SEED) -> dict[str, list[float]]:
     """``rounds`` samples of each sampler, taking them in turn in every round, in a fresh order
-    each round (a permutation drawn from ``random.Random(seed)``: the same orders in every run).
-
-    Why not a fixed order, or one rotated from round to round: a sample's time depends on what
-    the GPU ran just before it. On an H100, a contender timed after torch SDPA's flash backend
-    (a slower, cooler kernel) ran up to 8 % faster than the same cuDNN engine timed after a
-    fast one, and the effect fades only over several samples (``tools/probe_order_effect.py``,
-    ``benchmarks/2026-11-26-s13-h100-order/``). A rotation keeps every contender's predecessor
-    fixed in all but one position of the cycle, so that bias went into the medians; random
-    orders spread every neighbour over every contender."""
-    rng = random.Random(seed)
+    each round (:func:`te_cudnn.plans.order.round_order`, from ``seed``: the same orders in every
+    run). Why not a fixed or rotated order: :mod:`te_cudnn.plans.order`."""
+    rng = order_rng(seed)
     out: dict[str, list[float]] = {name: [] for name in samplers}
-    names = list(samplers)
-    for _ in range(rounds):
-        order = names[:]
-        rng.shuffle(order)
-        for name in order:
-            out[name].append(samplers[name]())
+    for name in (n for _ in range(rounds) for n in round_order(list(samplers), rng)):
+        out[name].append(samplers[name]())
     return out
 
 

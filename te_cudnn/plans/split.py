@@ -22,6 +22,8 @@ import statistics
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
+from .order import order_rng, round_order
+
 __all__ = ["PARTS", "splittable", "split_choices", "split_config", "part_slices", "slice_operand", "measure_splits",
            "chosen_split"]
 
@@ -109,7 +111,8 @@ def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part:
     (None: they agree); ``time_ms(fn)`` is the median milliseconds of ``fn``. A split serves
     only if its parts reproduce ``want`` and it is ``min_speedup`` times faster. With ``whole``
     (a launch of the whole call) the whole call is timed again beside the splits; the timings
-    come from ``rounds`` interleaved rounds in rotating order (medians over rounds), so a drift
+    come from ``rounds`` interleaved rounds, each in a fresh seeded order (medians over rounds;
+    :mod:`te_cudnn.plans.order`), so a drift
     of the GPU's clocks hits every contender alike; otherwise ``whole_ms`` (measured before) is
     the yardstick. Returns the record entry ``{"whole_ms", "candidates": [{"dim", "parts",
     "median_ms" | "error"}], "chosen", "rounds"}``."""
@@ -145,9 +148,9 @@ def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part:
     if whole is not None:
         timed.insert(0, (None, whole))
     samples: list[list[float]] = [[] for _ in timed]
-    for r in range(max(rounds, 1)):
-        for j in range(len(timed)):
-            i = (j + r) % len(timed)
+    rng = order_rng()
+    for _ in range(max(rounds, 1)):
+        for i in round_order(range(len(timed)), rng):
             try:
                 samples[i].append(float(time_ms(timed[i][1])))
             except Exception as exc:  # noqa: BLE001 - recorded; the whole call serves

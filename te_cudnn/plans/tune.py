@@ -70,6 +70,7 @@ __all__ = [
     "tune_key", "tune_plan", "tuning_record", "tuning_wanted", "valid_record",
 ]  # fmt: skip
 
+from .order import ORDER_SEED, order_rng, round_order
 from .split import measure_splits, splittable
 
 _log = logging.getLogger("te_cudnn")
@@ -819,9 +820,9 @@ def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = N
 
 
 def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int = DEFAULT_WARMUP,
-                            reps: int = DEFAULT_REPS) -> list[Any]:  # fmt: skip
+                            reps: int = DEFAULT_REPS, seed: int = ORDER_SEED) -> list[Any]:  # fmt: skip
     """Milliseconds per launch of each of ``runs``, timed side by side: ``reps`` interleaved
-    rounds (each round visits every run, the starting run rotating), one sample per run per
+    rounds (each round visits every run in a fresh seeded order, :mod:`te_cudnn.plans.order`), one sample per run per
     round of enough back-to-back launches to last about :data:`GROUP_SAMPLE_MS`; before the
     rounds the GPU runs the first run for about :data:`SETTLE_MS`. Returns one list of samples
     per run, or the exception a run raised (that run is left out of later rounds).
@@ -858,10 +859,10 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
         estimate_ms = GROUP_SAMPLE_MS / inner[first]
         for _ in range(int(min(max(1, SETTLE_MS / max(estimate_ms, 1e-3)), MAX_SETTLE_LAUNCHES))):
             runs[first]()
-    for r in range(max(reps, 1)):
-        order = live[r % len(live):] + live[: r % len(live)] if live else []
+    rng = order_rng(seed)
+    for _ in range(max(reps, 1)):
         events = []
-        for i in order:
+        for i in round_order(live, rng):
             if ahead[i]:
                 torch.cuda._sleep(int(ahead[i] * rate))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
