@@ -457,6 +457,16 @@ def test_lead_ms_option():
         assert exc.value.code == 2
 
 
+def test_mode_seconds_option_sets_the_timing_budget():
+    args = cli.build_parser().parse_args(["--mode-seconds", "3"])
+    assert args.mode_seconds == 3.0
+    assert cli.build_parser().parse_args([]).mode_seconds is None  # Settings keeps its default
+    for bad in ("0", "-2", "inf", "nan", "long"):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(["--mode-seconds", bad])
+        assert exc.value.code == 2
+
+
 def test_late_contenders_are_compared_within_their_own_rounds():
     """An autotuned row carries the references timed beside it; its ratio uses them, not the
     first phase's times, and the report lists the same-round ratios."""

@@ -52,6 +52,16 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _store_setting(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected fresh, default, off or a directory, got an empty string")
@@ -67,6 +77,9 @@ def _add_options(add: Any) -> None:
     add("--json", dest="json_path", default=None, metavar="FILE", help="also write the results JSON here")
     add("--rounds", type=int, default=None, help="at most this many interleaved timing rounds per case and mode "
                                                  "(default 20; --quick 10)")
+    add("--mode-seconds", type=_seconds, default=None, help="timing seconds per case and mode (fwd, bwd, fwd+bwd); "
+        "more seconds give more rounds and narrower intervals (default 1.2; --quick 0.4; at least 5 rounds, 3 with "
+        "--quick, at most --rounds)")
     add("--max-seconds", type=float, default=None, help="start no case after this many seconds (default 480; "
                                                         "--quick 150)")
     add("--no-graphs", action="store_true", help="eager timing only (no CUDA-graph replay)")
@@ -145,6 +158,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     over: dict[str, Any] = {}
     if args.max_seconds is not None:
         over["deadline_s"] = args.max_seconds
+    if args.mode_seconds is not None:
+        over["mode_budget_s"] = args.mode_seconds
     if args.no_graphs:
         over["graphs"] = False
     if args.lead_ms is not None:
