@@ -317,6 +317,9 @@ def test_te_cudnn_calls_pass_validation(name: str, backend, fp8: bool) -> None:
 
 def test_select_contenders() -> None:
     assert [c.key for c in select_contenders("sdpa")] == ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
+    targets = {c.key for c in select_contenders("targets")}  # every contender a target line reads, no other
+    assert targets == {"te_cudnn", "te_cudnn_autotuned", "te_cudnn_fp8", "te_cudnn_fp8_autotuned", "te_cudnn_decode",
+                       "te_cudnn_decode_dense", "hand_built", "hand_built_alloc", "sdpa_cudnn"}  # fmt: skip
     assert [c.key for c in select_contenders("flex,te_cudnn")] == ["te_cudnn", "flex"]  # column order kept
     assert [c.name for c in select_contenders("torch SDPA cuDNN")] == ["torch SDPA cuDNN"]
     with pytest.raises(ValueError, match="unknown contender 'nope'"):
