@@ -112,8 +112,8 @@ def measure_splits(key: Any, whole_ms: float, ops: dict, want: dict, build_part:
     only if its parts reproduce ``want`` and it is ``min_speedup`` times faster. With ``whole``
     (a launch of the whole call) the whole call is timed again beside the splits; the timings
     come from ``rounds`` interleaved rounds, each in a fresh seeded order (medians over rounds;
-    :mod:`te_cudnn.plans.order`), so a drift
-    of the GPU's clocks hits every contender alike; otherwise ``whole_ms`` (measured before) is
+    :mod:`te_cudnn.plans.order`), so a drift of the GPU's clocks hits every contender alike;
+    otherwise ``whole_ms`` (measured before) is
     the yardstick. Returns the record entry ``{"whole_ms", "candidates": [{"dim", "parts",
     "median_ms" | "error"}], "chosen", "rounds"}``."""
     cfg = key.config

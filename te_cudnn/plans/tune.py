@@ -822,10 +822,11 @@ def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = N
 def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int = DEFAULT_WARMUP,
                             reps: int = DEFAULT_REPS, seed: int = ORDER_SEED) -> list[Any]:  # fmt: skip
     """Milliseconds per launch of each of ``runs``, timed side by side: ``reps`` interleaved
-    rounds (each round visits every run in a fresh seeded order, :mod:`te_cudnn.plans.order`), one sample per run per
-    round of enough back-to-back launches to last about :data:`GROUP_SAMPLE_MS`; before the
-    rounds the GPU runs the first run for about :data:`SETTLE_MS`. Returns one list of samples
-    per run, or the exception a run raised (that run is left out of later rounds).
+    rounds (each round visits every run, in a fresh order drawn from ``seed``:
+    :mod:`te_cudnn.plans.order`), one sample per run per round of enough back-to-back launches
+    to last about :data:`GROUP_SAMPLE_MS`; before the rounds the GPU runs the first run for
+    about :data:`SETTLE_MS`. Returns one list of samples per run, or the exception a run raised
+    (that run is left out of later rounds).
 
     Why not one candidate at a time: a few milliseconds of work after an idle spell run at the
     GPU's boost clock, while training runs at the clock its power limit allows under sustained
