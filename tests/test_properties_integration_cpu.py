@@ -669,7 +669,7 @@ def _m_bias_shape(draw, c: FwdCase) -> bool:
     if c.fmt == "thd" or c.fp8:
         return False
     b, sq, skv, h, *_, dtype = c.dims
-    shape = draw(st.sampled_from([(1, h, sq, skv + 1), (b + 1, 1, sq, skv), (h, sq, skv), (1, h + 1, sq, skv),
+    shape = draw(st.sampled_from([(1, h, sq, skv + 1), (b + 2, 1, sq, skv), (h, sq, skv), (1, h + 1, sq, skv),
                                   (1, 1, sq + 1, skv)]))  # fmt: skip
     c.kw["core_attention_bias_type"] = "post_scale_bias"
     c.kw["core_attention_bias"] = torch.empty(shape, dtype=dtype, device=c.device)
