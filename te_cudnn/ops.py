@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+from collections import namedtuple
 from array import array
 import logging
 import threading
@@ -870,8 +871,22 @@ def fused_attn_fwd(
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
-    if prep is None:
-        prep = _prepare_fwd(sig, locals())
+    if prep is None:  # the first call of this signature: validate, select, key (the slow path)
+        prep = _prepare_fwd(sig, FwdArgs(
+            is_training=is_training, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, q=q, k=k, v=v, qkv_dtype=qkv_dtype,
+            fused_attention_backend=fused_attention_backend, attn_bias=attn_bias,
+            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            page_table_k=page_table_k, page_table_v=page_table_v, d_scale_qkv=d_scale_qkv,
+            d_scale_qkv_offset=d_scale_qkv_offset, d_scale_s=d_scale_s, d_scale_s_offset=d_scale_s_offset,
+            q_scale_s=q_scale_s, q_scale_s_offset=q_scale_s_offset, q_scale_o=q_scale_o, q_scale_o_offset=q_scale_o_offset,
+            amax_s=amax_s, amax_s_offset=amax_s_offset, amax_o=amax_o, amax_o_offset=amax_o_offset,
+            attn_scale=attn_scale, dropout=dropout, fast_zero_fill=fast_zero_fill, qkv_layout=qkv_layout,
+            attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, softmax_type=softmax_type,
+            window_size=window_size, bottom_right_diagonal=bottom_right_diagonal, rng_gen=rng_gen,
+            softmax_offset=softmax_offset, return_max_logit=return_max_logit, cuda_graph=cuda_graph, out=out,
+            softmax_lse=softmax_lse, rng_state=rng_state,
+        ))  # fmt: skip
     if _prepared is not None:
         _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8, paging or sink: the shortest path
@@ -879,13 +894,19 @@ def fused_attn_fwd(
     if prep.empty:
         return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)),
                           softmax_offset)  # fmt: skip
-    if prep.varlen or page_table_k is not None:
-        _check_runtime_tensors(prep, q, (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
-                               () if page_table_k is None else (page_table_k, page_table_v))  # fmt: skip
-    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())
-            | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
-        _misaligned(q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
-    plan = prep.get_plan()
+    fp8 = None
+    if prep.fp8:
+        fp8 = (d_scale_qkv, d_scale_qkv_offset, d_scale_s, d_scale_s_offset, q_scale_s, q_scale_s_offset, q_scale_o,
+               q_scale_o_offset, amax_s, amax_s_offset, amax_o, amax_o_offset)  # fmt: skip
+    return general_fwd(prep, q, k, v, out, softmax_lse, rng_state, rng_gen, attn_bias,
+                       (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
+                       page_table_k, page_table_v, softmax_offset, fp8)  # fmt: skip
+
+
+def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
+                 softmax_lse: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """O and the softmax stats of a forward that is not plain: the caller's (zeroed where cuDNN
+    may leave rows unwritten), or new ones in the layout's format."""
     cfg = prep.cfg
     if out is not None:  # caller-provided results (checked when the signature was first seen)
         if prep.fill_out:
@@ -895,8 +916,6 @@ def fused_attn_fwd(
     elif prep.fill_out:
         out = torch.zeros_like(q if prep.out_like_q else prep.out_template)
     else:
-        # empty_like is torch's cheapest allocation; the templates are 1-element tensors
-        # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
         out = torch.empty_like(q if prep.out_like_q else prep.out_template)
     if softmax_lse is not None:
         stats = softmax_lse
@@ -908,9 +927,28 @@ def fused_attn_fwd(
         stats = torch.zeros_like(prep.stats_template)
     else:
         stats = torch.empty_like(prep.stats_template)
-    # Buffers in the builder's uid order: q, k, v, o, stats, (bias), (seed, offset). The
-    # graph declares each one's BHSD geometry; execute reads only their memory, so the
-    # caller's tensors go in as they are (no permuted views: ~1.5 us each).
+    return out, stats
+
+
+def general_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Optional[torch.Tensor],
+                softmax_lse: Optional[torch.Tensor], rng_state: Optional[torch.Tensor],
+                rng_gen: Optional[torch.Generator], attn_bias: Optional[torch.Tensor], cu_seqlens: tuple,
+                page_table_k: Optional[torch.Tensor], page_table_v: Optional[torch.Tensor],
+                softmax_offset: Optional[torch.Tensor], fp8: Optional[tuple]) -> tuple:  # fmt: skip
+    """Every forward that is not plain (a padding mask, THD, paging, a bias, a sink, the max
+    logit, FP8, max512): checks the per-call tensors, allocates the results and binds the
+    operands in the order of the sub-backend's graph (``operand_uids``): q, k, v, O, stats,
+    then bias, seed and offset, sink (F16), max, the FP8 scaling operands and amaxes, sink
+    (FP8), and last the runtime lengths / ragged offsets / page tables.
+    ``cu_seqlens``: (q, kv, q_padded, kv_padded); ``fp8``: :func:`fp8_fwd_operands`' arguments."""
+    cfg = prep.cfg
+    if prep.varlen or page_table_k is not None:
+        _check_runtime_tensors(prep, q, cu_seqlens, () if page_table_k is None else (page_table_k, page_table_v))
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | (0 if out is None else out.data_ptr())
+            | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
+        _misaligned(q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
+    plan = prep.get_plan()
+    out, stats = _fwd_results(prep, q, out, softmax_lse)
     buffers = [q, k, v, out, stats]
     if rng_state is None or not prep.rng_increment:
         rng_state = _rng_state(prep, rng_gen)
@@ -921,7 +959,7 @@ def fused_attn_fwd(
     if prep.rng_increment:
         buffers.extend(_seed_offset(rng_state))
     sink = None
-    if cfg.has_sink:  # sink logits after the dropout operands (the builders' uid order)
+    if cfg.has_sink:  # F16: after the dropout operands
         sink = prep.zero_sink if softmax_offset is None else softmax_offset
         if not prep.fp8:
             buffers.append(sink)
@@ -930,13 +968,11 @@ def fused_attn_fwd(
         max_rows = torch.empty_like(stats)
         buffers.append(max_rows)
     if prep.fp8:
-        buffers += fp8_fwd_operands(d_scale_qkv, d_scale_qkv_offset, d_scale_s, d_scale_s_offset, q_scale_s,
-                                    q_scale_s_offset, q_scale_o, q_scale_o_offset, amax_s, amax_s_offset, amax_o,
-                                    amax_o_offset)  # fmt: skip
+        buffers += fp8_fwd_operands(*fp8)
         if sink is not None:  # FP8: after the scaling operands
             buffers.append(sink)
     if prep.varlen:
-        buffers += _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        buffers += _cached_runtime_buffers(prep, *cu_seqlens)
     elif prep.full_lens is not None:
         buffers += prep.full_lens
     if cfg.paged is not None:
@@ -949,14 +985,27 @@ def fused_attn_fwd(
     if sink is not None:  # TE 2.x: the offset rides along for the backward
         aux.append(sink)
     if max_rows is not None:
-        return out, aux, _max_logit(max_rows, prep, cu_seqlens_q, cu_seqlens_q_padded)
+        return out, aux, _max_logit(max_rows, prep, cu_seqlens[0], cu_seqlens[2])
     return out, aux
 
 
-_FWD_PARAMETERS = inspect.signature(fused_attn_fwd).parameters
+def _call_record(name: str, fn: Any) -> type:
+    """A named tuple of ``fn``'s public parameters, in its order and with no defaults: what the
+    slow path of a call reads (:func:`_prepare_fwd` / :func:`_prepare_bwd`). Built from the
+    signature, so the two cannot drift apart; having no defaults, a record that leaves a
+    parameter out fails when it is made, not later."""
+    fields = [n for n in inspect.signature(fn).parameters if not n.startswith("_")]
+    record = namedtuple(name, fields)  # type: ignore[misc]  # noqa: PYI024
+    record.__doc__ = f"The arguments of one ``{fn.__name__}`` call, by name ({len(fields)} fields)."
+    return record
 
 
-def fwd_call_args(**given: Any) -> dict[str, Any]:
+#: One forward call's arguments (see _call_record).
+FwdArgs = _call_record("FwdArgs", fused_attn_fwd)
+_FWD_PARAMETERS = {n: p for n, p in inspect.signature(fused_attn_fwd).parameters.items() if n in FwdArgs._fields}
+
+
+def fwd_call_args(**given: Any) -> FwdArgs:
     """A forward call's arguments as :func:`_prepare_fwd` reads them: ``fused_attn_fwd``'s
     defaults, then ``given`` (which must name its parameters and give the ones without a
     default). For entry points that prepare a forward of their own (``te_cudnn.decode``)."""
@@ -966,7 +1015,7 @@ def fwd_call_args(**given: Any) -> dict[str, Any]:
         raise TypeError(f"fused_attn_fwd has no parameters {sorted(unknown)}")
     if missing:
         raise TypeError(f"fused_attn_fwd needs {missing}")
-    return {**{n: p.default for n, p in _FWD_PARAMETERS.items()}, **given}
+    return FwdArgs(**{**{n: p.default for n, p in _FWD_PARAMETERS.items()}, **given})
 
 
 def _max_logit(rows: torch.Tensor, prep: _Prepared, cu_q: Optional[torch.Tensor], cu_q_padded: Optional[torch.Tensor]) -> torch.Tensor:
@@ -1004,39 +1053,39 @@ def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_sl
     return o, aux
 
 
-def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
+def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
     if _is_capturing():
         raise CaptureMissError("a forward call signature seen for the first time (shapes, strides or options)")
-    layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
+    layout = QKVLayout.coerce(a.qkv_layout, argument="qkv_layout")
     # the argument, else a te_cudnn.backend_policy context, else the environment (te_cudnn.policy)
-    policy = _policy.resolve(_coerce_backend(a["fused_attention_backend"]))
+    policy = _policy.resolve(_coerce_backend(a.fused_attention_backend))
     forced = policy.force
     cfg = describe_fwd(
-        is_training=a["is_training"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
-        cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
-        qkv_dtype=a["qkv_dtype"], attn_bias=a["attn_bias"], attn_scale=a["attn_scale"], dropout=a["dropout"],
-        cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
-        page_table_k=a["page_table_k"], page_table_v=a["page_table_v"],
-        qkv_layout=layout, attn_bias_type=a["attn_bias_type"], attn_mask_type=a["attn_mask_type"],
-        softmax_type=a["softmax_type"], window_size=a["window_size"],
-        bottom_right_diagonal=a["bottom_right_diagonal"], softmax_offset=a["softmax_offset"],
-        return_max_logit=a["return_max_logit"], cuda_graph=a["cuda_graph"],
+        is_training=a.is_training, max_seqlen_q=a.max_seqlen_q, max_seqlen_kv=a.max_seqlen_kv,
+        cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_kv=a.cu_seqlens_kv, q=a.q, k=a.k, v=a.v,
+        qkv_dtype=a.qkv_dtype, attn_bias=a.attn_bias, attn_scale=a.attn_scale, dropout=a.dropout,
+        cu_seqlens_q_padded=a.cu_seqlens_q_padded, cu_seqlens_kv_padded=a.cu_seqlens_kv_padded,
+        page_table_k=a.page_table_k, page_table_v=a.page_table_v,
+        qkv_layout=layout, attn_bias_type=a.attn_bias_type, attn_mask_type=a.attn_mask_type,
+        softmax_type=a.softmax_type, window_size=a.window_size,
+        bottom_right_diagonal=a.bottom_right_diagonal, softmax_offset=a.softmax_offset,
+        return_max_logit=a.return_max_logit, cuda_graph=a.cuda_graph,
     )  # fmt: skip
     fp8_names = ("d_scale_qkv", "d_scale_s", "q_scale_s", "q_scale_o", "amax_s", "amax_o")
-    _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
-    if a["rng_gen"] is not None and not isinstance(a["rng_gen"], torch.Generator):
-        raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a['rng_gen']).__name__}")
+    _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
+    if a.rng_gen is not None and not isinstance(a.rng_gen, torch.Generator):
+        raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a.rng_gen).__name__}")
 
     def stats_kind(saves_softmax: bool) -> tuple[tuple[int, ...], torch.dtype]:
         if saves_softmax:  # max512: the full softmax S in the io dtype (cuDNN's F16x16 tile order)
             return (cfg.b, cfg.h, cfg.sq, cfg.skv), cfg.dtype
-        return ((a["q"].shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)), torch.float32
+        return ((a.q.shape[0], cfg.h, 1) if cfg.ragged_q else (cfg.b, cfg.h, cfg.sq, 1)), torch.float32
 
-    _check_result_buffer("out", a["out"], (*a["q"].shape[:-1], cfg.d_v), cfg.dtype, a["q"])
+    _check_result_buffer("out", a.out, (*a.q.shape[:-1], cfg.d_v), cfg.dtype, a.q)
     guess = forced is not None and forced != FusedAttnBackend.No_Backend and BY_ENUM[forced].caps.saves_softmax
-    _check_result_buffer("softmax_lse", a["softmax_lse"], *stats_kind(guess), a["q"])  # before any GPU work
-    env = _require_cuda(cfg, a["q"])
+    _check_result_buffer("softmax_lse", a.softmax_lse, *stats_kind(guess), a.q)  # before any GPU work
+    env = _require_cuda(cfg, a.q)
     if cfg.empty:  # no sub-backend runs, so none is asked (their size rules say nothing about nothing); the
         # named one, or the dtype's default, says how far the generator advances and what aux[0] is
         default = FusedAttnBackend.FP8 if cfg.dtype not in (torch.float16, torch.bfloat16) else FusedAttnBackend.F16_arbitrary_seqlen
@@ -1046,36 +1095,36 @@ def _prepare_fwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     else:
         backend = _policy.select(cfg, env, forced, Direction.FWD, policy=policy)  # logs the choice (INFO)
     stats_shape, stats_dtype = stats_kind(backend.caps.saves_softmax)
-    _check_result_buffer("softmax_lse", a["softmax_lse"], stats_shape, stats_dtype, a["q"])
-    out_shape = (*a["q"].shape[:-1], cfg.d_v)
+    _check_result_buffer("softmax_lse", a.softmax_lse, stats_shape, stats_dtype, a.q)
+    out_shape = (*a.q.shape[:-1], cfg.d_v)
     prep = _Prepared(
         cfg=cfg,
         backend=backend,
         key=make_key(backend.enum, Direction.FWD, cfg, env.cudnn_version, frontend_version()),
         out_shape=out_shape,
         stats_shape=stats_shape,
-        device=a["q"].device,
+        device=a.q.device,
         rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
-        out_like_q=cfg.d_v == cfg.d_qk and a["q"].is_contiguous(),
-        out_template=_template(out_shape, cfg.dtype, a["q"].device),
-        stats_template=_template(stats_shape, stats_dtype, a["q"].device),
+        out_like_q=cfg.d_v == cfg.d_qk and a.q.is_contiguous(),
+        out_template=_template(out_shape, cfg.dtype, a.q.device),
+        stats_template=_template(stats_shape, stats_dtype, a.q.device),
         varlen=cfg.mask.is_padding or cfg.is_ragged,
         fp8=backend.enum == FusedAttnBackend.FP8,
         softmax_aux=backend.caps.saves_softmax,
-        **_mult_fields(cfg, a["q"].device),
+        **_mult_fields(cfg, a.q.device),
     )
     prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     _length_fields(prep)
-    prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a["attn_bias"] is not None
+    prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a.attn_bias is not None
                       or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit)  # fmt: skip
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
         prep.zero_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
     if cfg.bias_copy:
         _log.debug("attn_bias %s stride %s (data_ptr %% 16 = %d) cannot be read by cuDNN in place: each call copies it "
-                   "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a["attn_bias"].stride()),
-                   a["attn_bias"].data_ptr() % 16, cfg.bias_stride)  # fmt: skip
+                   "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a.attn_bias.stride()),
+                   a.attn_bias.data_ptr() % 16, cfg.bias_stride)  # fmt: skip
     prep.full_lens = _full_lens(cfg, prep)
     prep.zero_stats = prep.softmax_aux and cfg.mask.is_causal
     if not cfg.empty:
@@ -1187,8 +1236,23 @@ def fused_attn_bwd(
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
-    if prep is None:
-        prep = _prepare_bwd(sig, locals())
+    if prep is None:  # the first call of this signature: validate, select, key (the slow path)
+        prep = _prepare_bwd(sig, BwdArgs(
+            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, q=q, k=k, v=v, o=o, d_o=d_o, qkv_dtype=qkv_dtype,
+            aux_ctx_tensors=aux_ctx_tensors, fused_attention_backend=fused_attention_backend,
+            cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            d_scale_qkv=d_scale_qkv, d_scale_qkv_offset=d_scale_qkv_offset, d_scale_s=d_scale_s,
+            d_scale_s_offset=d_scale_s_offset, d_scale_o=d_scale_o, d_scale_o_offset=d_scale_o_offset,
+            d_scale_do=d_scale_do, d_scale_do_offset=d_scale_do_offset, d_scale_dp=d_scale_dp,
+            d_scale_dp_offset=d_scale_dp_offset, q_scale_s=q_scale_s, q_scale_s_offset=q_scale_s_offset,
+            q_scale_dp=q_scale_dp, q_scale_dp_offset=q_scale_dp_offset, q_scale_dqkv=q_scale_dqkv,
+            q_scale_dqkv_offset=q_scale_dqkv_offset, amax_dp=amax_dp, amax_dp_offset=amax_dp_offset,
+            amax_dqkv=amax_dqkv, amax_dqkv_offset=amax_dqkv_offset, attn_scale=attn_scale, dropout=dropout,
+            fast_zero_fill=fast_zero_fill, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type,
+            attn_mask_type=attn_mask_type, softmax_type=softmax_type, window_size=window_size,
+            bottom_right_diagonal=bottom_right_diagonal, deterministic=deterministic, cuda_graph=cuda_graph,
+        ))  # fmt: skip
     if _prepared is not None:
         _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8 or sink: the shortest path
@@ -1196,61 +1260,79 @@ def fused_attn_bwd(
     if prep.empty:
         return empty_bwd(prep.cfg, q, k, v, aux_ctx_tensors[2] if prep.cfg.has_dbias else None,
                          ((amax_dp, amax_dp_offset), (amax_dqkv, amax_dqkv_offset)) if prep.fp8 else ())  # fmt: skip
+    fp8 = None
+    if prep.fp8:
+        fp8 = (fp8_bwd_scales(d_scale_qkv, d_scale_qkv_offset, d_scale_o, d_scale_o_offset, d_scale_do, d_scale_do_offset,
+                              d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s, q_scale_s_offset,
+                              q_scale_dqkv, q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset),
+               amax_dp.narrow(0, amax_dp_offset, 1), amax_dqkv.narrow(0, amax_dqkv_offset, 1))  # fmt: skip
+    return general_bwd(prep, q, k, v, o, d_o, aux_ctx_tensors,
+                       (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded), fp8)
+
+
+def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_o: torch.Tensor,
+                aux: Sequence[torch.Tensor], cu_seqlens: tuple, fp8: Optional[tuple]) -> list[Optional[torch.Tensor]]:  # fmt: skip
+    """Every backward that is not plain (a padding mask, THD, a bias, a sink, FP8, max512):
+    checks the per-call tensors, allocates dQ, dK, dV (zeroed where cuDNN may leave rows
+    unwritten) and binds the operands in the order of the sub-backend's graph
+    (``operand_uids``): q, k, v, O, stats, dO, dQ, dK, dV, then bias and dBias, seed and
+    offset, sink and its gradient (F16), the FP8 scaling operands and amaxes, sink (FP8), and
+    last the runtime lengths / ragged offsets. An FP8 backward the autotuner split runs as
+    parts (:func:`_split_bwd`); max512 has its own operands (:func:`_max512_bwd`).
+    ``aux``: the forward's aux_ctx_tensors; ``cu_seqlens``: (q, kv, q_padded, kv_padded);
+    ``fp8``: (:func:`fp8_bwd_scales`, the amax_dp slot, the amax_dqkv slot)."""
+    cfg = prep.cfg
     if prep.varlen:
-        _check_runtime_tensors(prep, q, (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded))
+        _check_runtime_tensors(prep, q, cu_seqlens)
     if (q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr() | d_o.data_ptr()) & 15:
         _misaligned(q=q, k=k, v=v, o=o, d_o=d_o)
     plan = prep.get_plan()
-    cfg = prep.cfg
-    scales: list[torch.Tensor] = []
-    if prep.fp8:
-        scales = fp8_bwd_scales(d_scale_qkv, d_scale_qkv_offset, d_scale_o, d_scale_o_offset, d_scale_do,
-                                d_scale_do_offset, d_scale_s, d_scale_s_offset, d_scale_dp, d_scale_dp_offset, q_scale_s,
-                                q_scale_s_offset, q_scale_dqkv, q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset)  # fmt: skip
+    if fp8 is not None:
         split = chosen_split(plan.tuning)
         if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
-            lens = _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                                           cu_seqlens_kv_padded) if prep.varlen else []  # fmt: skip
-            return _split_bwd(prep, split, [q, k, v, o, aux_ctx_tensors[0], d_o], scales, lens,
-                              amax_dp.narrow(0, amax_dp_offset, 1), amax_dqkv.narrow(0, amax_dqkv_offset, 1))
+            lens = _cached_runtime_buffers(prep, *cu_seqlens) if prep.varlen else []
+            return _split_bwd(prep, split, [q, k, v, o, aux[0], d_o], fp8[0], lens, fp8[1], fp8[2])
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.fill_grads, dtype=cfg.do_dtype)
     if prep.softmax_aux:
-        return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux_ctx_tensors) + [None]
-    # Buffers in the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (bias), (dbias), (seed, offset)
-    buffers = [q, k, v, o, aux_ctx_tensors[0], d_o, dq, dk, dv]
+        return _max512_bwd(prep, q, k, v, d_o, dq, dk, dv, aux) + [None]
+    buffers = [q, k, v, o, aux[0], d_o, dq, dk, dv]
     dbias = None
     if cfg.bias_type == AttnBiasType.post_scale_bias:
-        bias = aux_ctx_tensors[2]
+        bias = aux[2]
         buffers.append(_aligned_bias(bias, cfg) if cfg.bias_copy else bias)
         if cfg.has_dbias:  # cuDNN writes dBias contiguous (the builders declare it so)
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=prep.device)
             buffers.append(dbias)
     if cfg.has_dropout:
-        buffers.extend(_seed_offset(aux_ctx_tensors[1]))
+        buffers.extend(_seed_offset(aux[1]))
     sink_ops: list[torch.Tensor] = []
     d_sink = None
     if cfg.has_sink:  # [softmax_offset, (d_softmax_offset)]: after dropout (F16) or the scaling operands (FP8)
-        sink_ops.append(aux_ctx_tensors[prep.sink_index])
+        sink_ops.append(aux[prep.sink_index])
         if cfg.dsink_in_graph:  # cuDNN accumulates it across rows: it starts at zero
             d_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
             sink_ops.append(d_sink)
-        if not prep.fp8:
+        if fp8 is None:
             buffers += sink_ops
     amax3 = None
-    if prep.fp8:
+    if fp8 is not None:
         amax3 = torch.empty((3, 1, 1, 1), dtype=torch.float32, device=prep.device)  # dQ, dK, dV amaxes
-        buffers += scales + _fp8_bwd_amaxes(amax3, _slot(amax_dp, amax_dp_offset))
+        buffers += fp8[0] + _fp8_bwd_amaxes(amax3, _slot(fp8[1], 0))
         buffers += sink_ops
     if prep.varlen:
-        buffers += _cached_runtime_buffers(prep, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        buffers += _cached_runtime_buffers(prep, *cu_seqlens)
     _execute(plan, buffers, prep.device)
     if cfg.has_dsink and not cfg.dsink_in_graph:
-        d_sink = _sink_grad(cfg, o, d_o, aux_ctx_tensors[0], aux_ctx_tensors[prep.sink_index], cu_seqlens_q)
+        d_sink = _sink_grad(cfg, o, d_o, aux[0], aux[prep.sink_index], cu_seqlens[0])
     if amax3 is not None:  # one META_DQKV slot holds the amax of dQ, dK and dV together
-        torch.amax(amax3.view(3, 1), dim=0, out=amax_dqkv.narrow(0, amax_dqkv_offset, 1))
-    if dbias is not None and cfg.bias_copy and not aux_ctx_tensors[2].is_contiguous():
-        dbias = torch.empty_like(aux_ctx_tensors[2]).copy_(dbias)  # a copied bias' gradient in the caller's strides
+        torch.amax(amax3.view(3, 1), dim=0, out=fp8[2])
+    if dbias is not None and cfg.bias_copy and not aux[2].is_contiguous():
+        dbias = torch.empty_like(aux[2]).copy_(dbias)  # a copied bias' gradient in the caller's strides
     return [dq, dk, dv, dbias, d_sink]
+
+
+#: One backward call's arguments (see _call_record).
+BwdArgs = _call_record("BwdArgs", fused_attn_bwd)
 
 
 #: (batch axis, head axis) of q/k/v/o/dO per format; the softmax stats are [b, h, s, 1].
@@ -1337,50 +1419,50 @@ def _max512_bwd(prep: _Prepared, q, k, v, d_o, dq, dk, dv, aux) -> list[Optional
     return [dq, dk, dv, dbias]
 
 
-def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
+def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
     if _is_capturing():
         raise CaptureMissError("a backward call signature seen for the first time (shapes, strides or options)")
-    layout = QKVLayout.coerce(a["qkv_layout"], argument="qkv_layout")
-    forced = _coerce_backend(a["fused_attention_backend"])
-    aux = a["aux_ctx_tensors"]
+    layout = QKVLayout.coerce(a.qkv_layout, argument="qkv_layout")
+    forced = _coerce_backend(a.fused_attention_backend)
+    aux = a.aux_ctx_tensors
     if not isinstance(aux, (list, tuple)) or len(aux) < 2:
         raise ValueError(
             "aux_ctx_tensors must contain [softmax_stats, rng_state, (bias)] as returned by fused_attn_fwd; "
             f"got {type(aux).__name__} of length {len(aux) if isinstance(aux, (list, tuple)) else 'n/a'}"
         )
-    bias_type = AttnBiasType.coerce(a["attn_bias_type"], argument="attn_bias_type")
+    bias_type = AttnBiasType.coerce(a.attn_bias_type, argument="attn_bias_type")
     needs_bias = bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias)
     if needs_bias and len(aux) < 3:
         raise ValueError(
             f"aux_ctx_tensors must hold [softmax_stats, rng_state, bias] for attn_bias_type={bias_type.name} "
             f"(the forward appends the bias); got {len(aux)} tensor(s)"
         )
-    softmax = SoftmaxType.coerce(a["softmax_type"], argument="softmax_type")
+    softmax = SoftmaxType.coerce(a.softmax_type, argument="softmax_type")
     sink_at = 2 + needs_bias  # TE 2.x: aux_ctx_tensors = [stats, rng_state, (bias), (softmax_offset)]
     if softmax != SoftmaxType.vanilla and len(aux) <= sink_at:
         raise ValueError(
             f"aux_ctx_tensors must hold the softmax_offset at index {sink_at} for softmax_type={softmax.name} (the "
             f"forward appends it); got {len(aux)} tensor(s)"
         )
-    if softmax != SoftmaxType.vanilla and isinstance(a["q"], torch.Tensor) and a["q"].dim() >= 3:
-        check_softmax_offset(softmax, aux[sink_at], a["q"].shape[-2], a["q"], f"aux_ctx_tensors[{sink_at}] (softmax_offset)")
+    if softmax != SoftmaxType.vanilla and isinstance(a.q, torch.Tensor) and a.q.dim() >= 3:
+        check_softmax_offset(softmax, aux[sink_at], a.q.shape[-2], a.q, f"aux_ctx_tensors[{sink_at}] (softmax_offset)")
     fwd = describe_fwd(
-        is_training=True, max_seqlen_q=a["max_seqlen_q"], max_seqlen_kv=a["max_seqlen_kv"],
-        cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_kv=a["cu_seqlens_kv"], q=a["q"], k=a["k"], v=a["v"],
+        is_training=True, max_seqlen_q=a.max_seqlen_q, max_seqlen_kv=a.max_seqlen_kv,
+        cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_kv=a.cu_seqlens_kv, q=a.q, k=a.k, v=a.v,
         softmax_offset=aux[sink_at] if softmax != SoftmaxType.vanilla else None,
-        qkv_dtype=a["qkv_dtype"], attn_bias=aux[2] if needs_bias and len(aux) > 2 else None,
-        attn_scale=a["attn_scale"], dropout=a["dropout"], qkv_layout=layout, attn_bias_type=bias_type,
-        cu_seqlens_q_padded=a["cu_seqlens_q_padded"], cu_seqlens_kv_padded=a["cu_seqlens_kv_padded"],
-        attn_mask_type=a["attn_mask_type"], softmax_type=a["softmax_type"], window_size=a["window_size"],
-        bottom_right_diagonal=a["bottom_right_diagonal"], cuda_graph=a["cuda_graph"],
+        qkv_dtype=a.qkv_dtype, attn_bias=aux[2] if needs_bias and len(aux) > 2 else None,
+        attn_scale=a.attn_scale, dropout=a.dropout, qkv_layout=layout, attn_bias_type=bias_type,
+        cu_seqlens_q_padded=a.cu_seqlens_q_padded, cu_seqlens_kv_padded=a.cu_seqlens_kv_padded,
+        attn_mask_type=a.attn_mask_type, softmax_type=a.softmax_type, window_size=a.window_size,
+        bottom_right_diagonal=a.bottom_right_diagonal, cuda_graph=a.cuda_graph,
     )  # fmt: skip
-    cfg, *_ = describe_bwd(fwd, q=a["q"], o=a["o"], d_o=a["d_o"], aux_ctx_tensors=aux, deterministic=a["deterministic"])
+    cfg, *_ = describe_bwd(fwd, q=a.q, o=a.o, d_o=a.d_o, aux_ctx_tensors=aux, deterministic=a.deterministic)
     fp8_names = ("d_scale_qkv", "d_scale_s", "d_scale_o", "d_scale_do", "d_scale_dp", "q_scale_s", "q_scale_dp",
                  "q_scale_dqkv", "amax_dp", "amax_dqkv")  # fmt: skip
-    _check_no_fp8_args(cfg.dtype, a["q"], {n: a[f"{n}_offset"] for n in fp8_names}, **{n: a[n] for n in fp8_names})
-    env = _require_cuda(cfg, a["q"])
+    _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
+    env = _require_cuda(cfg, a.q)
     if cfg.empty:  # nothing to differentiate: zeros, whichever sub-backend the forward's aux came from
-        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a["q"].device,  # type: ignore[arg-type]
+        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
                          rng_increment=0, fp8=cfg.dtype not in (torch.float16, torch.bfloat16), empty=True)  # fmt: skip
         _remember(_bwd_memo, sig, prep)
         return prep
@@ -1391,12 +1473,12 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
         key=make_key(backend.enum, Direction.BWD, cfg, env.cudnn_version, frontend_version()),
         out_shape=(),
         stats_shape=(cfg.b, cfg.h, cfg.sq, 1),
-        device=a["q"].device,
+        device=a.q.device,
         rng_increment=0,
         varlen=cfg.mask.is_padding or cfg.is_ragged,
         fp8=backend.enum == FusedAttnBackend.FP8,
         softmax_aux=backend.caps.saves_softmax,
-        **_mult_fields(cfg, a["q"].device),
+        **_mult_fields(cfg, a.q.device),
     )
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     _length_fields(prep)  # the forward's lengths
@@ -1404,7 +1486,7 @@ def _prepare_bwd(sig: tuple, a: dict[str, Any]) -> _Prepared:
     prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
     prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias)
     if prep.plain and layout_info(cfg.layout).group == QKVLayoutGroup.L_HD_HD_HD:
-        q, k, v = a["q"], a["k"], a["v"]
+        q, k, v = a.q, a.k, a.v
         prep.grad_templates = tuple(_template(t.shape, t.dtype, prep.device) for t in (q, k, v))
     _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_bwd_memo, sig, prep)
