@@ -167,7 +167,7 @@ def _rng(kw: dict) -> dict[int, Callable[[torch.Tensor], bool]]:
     return {Uid.SEED: lambda t: t.data_ptr() == state.data_ptr(), Uid.OFFSET: lambda t: t.data_ptr() == state.data_ptr() + 8}
 
 
-def _forward(c: Case, kw: dict, launches: list) -> tuple:
+def _forward(c: Case, kw: dict) -> tuple:
     seen: list = []
     res = ops.fused_attn_fwd(c.training, c.s, c.s, kw.pop("cu_seqlens_q"), kw.pop("cu_seqlens_kv"), kw.pop("q"),
                              kw.pop("k"), kw.pop("v"), None, c.backend, qkv_layout=c.layout, attn_mask_type=c.mask,
@@ -180,7 +180,7 @@ def test_forward_binds_each_operand_its_graph_names(name, launches):
     c = CASES[name]
     kw = _inputs(c)
     call = dict(kw)
-    (out, aux, *maybe_max), prep = _forward(c, kw, launches)
+    (out, aux, *maybe_max), prep = _forward(c, kw)
     cfg = prep.cfg
     assert prep.plain == c.plain
     if c.backend is not None:
@@ -216,7 +216,7 @@ def test_backward_binds_each_operand_its_graph_names(name, launches):
     c = CASES[name]
     kw = _inputs(c)
     call = dict(kw)
-    (out, aux), _ = _forward(c, kw, launches)
+    (out, aux), _ = _forward(c, kw)
     d_o = torch.zeros_like(out)
     bwd_meta = _meta_tables(["d_scale_qkv", "d_scale_s", "d_scale_o", "d_scale_do", "d_scale_dp", "q_scale_s",
                              "q_scale_dp", "q_scale_dqkv", "amax_dp", "amax_dqkv"]) if c.dtype == FP8 else {}  # fmt: skip
