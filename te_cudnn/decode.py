@@ -43,7 +43,10 @@ from .config import _value
 from .empty import empty_fwd
 from .enums import FusedAttnBackend
 from .errors import CaptureMissError
-from .ops import _FWD_NAMES, _Prepared, _dependent_caches, _execute, _is_capturing, _meta, _prepare_fwd, fwd_call_args
+from .launch import FWD_NAMES as _FWD_NAMES
+from .launch import execute as _execute
+from .launch import is_capturing as _is_capturing
+from .ops import _Prepared, _dependent_caches, _meta, _prepare_fwd, fwd_call_args
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 

@@ -15,7 +15,6 @@ from collections import namedtuple
 from array import array
 import logging
 import threading
-import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
@@ -23,7 +22,7 @@ import torch
 
 from . import policy as _policy
 from .backends import BY_ENUM, Direction, SubBackend
-from .config import AttnConfig, _check_cu_seqlens, _value, check_softmax_offset, describe_bwd, describe_fwd, describe_shapes
+from .config import AttnConfig, _value, check_softmax_offset, describe_bwd, describe_fwd, describe_shapes
 from .empty import empty_bwd, empty_fwd
 from .errors import CaptureMissError
 from .enums import (
@@ -44,16 +43,26 @@ from .layouts import alloc_qkv_grads, layout_info
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import next_tick
 from .plans.cache import log_plan_outcome as _log_plan_outcome
-from .plans.handles import current_raw_stream as _current_raw_stream
-from .plans.handles import release_thread_handles
 from .plans.split import chosen_split, slice_operand, split_config
 from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
-from .ragged import (bucket_batch, bucket_seqlen, bucket_tokens, every_key_lens, extend, offsets_view, one_query_lens,
-                     ragged_offsets, seq_lens_pair)
-from .row_fill import Lengths, fills_grads, fills_out, length_remap
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
+from .row_fill import Lengths
 from .runtime import RuntimeEnv, current_env, frontend_version
+from .launch import BWD_NAMES as _BWD_NAMES
+from .launch import FWD_NAMES as _FWD_NAMES
+from .launch import execute as _execute
+from .launch import is_capturing as _is_capturing
+from .launch import launch as _launch
+from .launch import misaligned as _misaligned
+from .launch import release_workspaces
+from .launch import seed_offset as _seed_offset
+from .varlen import cached_runtime_buffers as _cached_runtime_buffers
+from .varlen import check_runtime_tensors as _check_runtime_tensors
+from .varlen import length_fields as _length_fields
+from .varlen import mult_fields as _mult_fields
+from .varlen import runtime_cache as _runtime_cache
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces"]
 
@@ -155,11 +164,6 @@ def _sink_sig(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15)
 
 
-def _misaligned(**tensors: Optional[torch.Tensor]) -> None:
-    bad = [f"{n} (data_ptr % 16 = {t.data_ptr() % 16})" for n, t in tensors.items() if t is not None and t.data_ptr() % 16]
-    raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
-
-
 def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
     """Signature sizes of a call with THD tensors: only the buckets a plan sees (token counts,
     batch and max sequence lengths vary per batch and are runtime data), plus the equalities
@@ -178,26 +182,6 @@ def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
 _INT32 = torch.int32
 
 
-def _check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence[Optional[torch.Tensor]],
-                           page_tables: Sequence[Optional[torch.Tensor]] = ()) -> None:  # fmt: skip
-    """Per call, what the call signature does not key on: the cu_seqlens* and page tables
-    are runtime data (their values vary per batch), so their dtype, device and length are
-    checked here; a mismatch gets the first call's full message. Variable-length calls only."""
-    device, n = prep.device, prep.cu_len
-    if n is None and cu_seqlens[0] is not None:  # THD: every cu_seqlens* has cu_seqlens_q's length
-        n = cu_seqlens[0].shape[0]
-    names = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
-    for name, t in zip(names, cu_seqlens):
-        if t is not None and (t.dtype is not _INT32 or t.device != device or t.dim() != 1 or t.shape[0] != n):
-            _check_cu_seqlens(name, t, n - 1, q, True)
-            raise ValueError(f"{name} must be int32 [b+1] = [{n}] on {device} like cu_seqlens_q, got "
-                             f"{t.dtype} {list(t.shape)} on {t.device}")  # fmt: skip
-    for name, t in zip(("page_table_k", "page_table_v"), page_tables):
-        if t.dtype is not _INT32 or t.device != device or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous int32 [b, max_pages_per_seq] tensor on {device}, got "
-                             f"{t.dtype} {list(t.shape)} stride {tuple(t.stride())} on {t.device}")  # fmt: skip
-
-
 def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
     """The caller's post-scale bias in a buffer cuDNN can read (``cfg.bias_stride``: rows padded
     to 16 bytes). The one place the fused path copies; see AttnConfig.bias_copy."""
@@ -208,94 +192,6 @@ def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
 
 #: Runtime buffers (lengths, ragged offsets) computed from cu_seqlens tensors, reused while the
 #: same tensor objects are passed with unchanged contents: every layer of a model, and the
-#: backward, reuse the first layer's. Keyed by the tensors' identity and version counter (any
-#: in-place write, through any view, bumps it) and the stream; the entry holds the tensors,
-#: so their identity cannot pass to a new tensor while it is cached. Never used while a CUDA
-#: graph is captured (the graph must recompute them on every replay).
-_RUNTIME_CACHE_SIZE = 16
-_runtime_cache: dict[tuple, tuple] = {}
-
-
-def _cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
-    if _is_capturing():
-        return _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
-    try:
-        key = (
-            prep.runtime_kind, _current_raw_stream(prep.device.index),
-            id(cu_q), cu_q._version, None if cu_kv is None else (id(cu_kv), cu_kv._version),
-            None if cu_q_padded is None else (id(cu_q_padded), cu_q_padded._version),
-            None if cu_kv_padded is None else (id(cu_kv_padded), cu_kv_padded._version),
-        )  # fmt: skip
-    except RuntimeError:  # an inference-mode tensor keeps no version counter: computed every call
-        return _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
-    entry = _runtime_cache.get(key)
-    if entry is not None:
-        return entry[1]
-    buffers = _runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
-    if len(_runtime_cache) >= _RUNTIME_CACHE_SIZE:
-        _runtime_cache.clear()
-    _runtime_cache[key] = ((cu_q, cu_kv, cu_q_padded, cu_kv_padded), buffers)
-    return buffers
-
-
-def _runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
-    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a handful of
-    tiny kernels on the caller's stream, no host sync. Self-attention (the same cu_seqlens
-    tensors for q and kv) computes them once."""
-    cfg, out = prep.cfg, []
-    batch = cfg.b
-    ext_q = extend(cu_q, batch)
-    ext_kv = ext_q if cu_kv is cu_q else extend(cu_kv, batch)
-    if cfg.mask.is_padding:  # te_cudnn.row_fill: the lengths as given, or remapped so cuDNN writes every row
-        if prep.lengths is Lengths.ONE_QUERY:
-            out += one_query_lens(ext_q, ext_kv, batch, prep.one_query)
-        elif prep.lengths is Lengths.EVERY_KEY:
-            out += every_key_lens(*seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv))
-        else:
-            out += seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
-    base_q = ext_q if cu_q_padded is None else extend(cu_q_padded, batch)
-    same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
-    if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
-        off = ragged_offsets(cu_q, prep.mult_all, batch, base_q)
-        return out + [offsets_view(off, i) for i in range(5)]
-    if cfg.ragged_q:
-        off = ragged_offsets(cu_q, prep.mult_q, batch, base_q)
-        out += [offsets_view(off, 0), offsets_view(off, 1), offsets_view(off, 2)]
-    if cfg.ragged_kv:
-        base_kv = ext_kv if cu_kv_padded is None else extend(cu_kv_padded, batch)
-        off = ragged_offsets(cu_kv, prep.mult_kv, batch, base_kv)
-        out += [offsets_view(off, 0), offsets_view(off, 1)]
-    return out
-
-
-def _runtime_kind(cfg: AttnConfig) -> tuple:
-    """Everything besides the cu_seqlens tensors that ``_runtime_buffers`` reads (see _mult_fields)."""
-    return (cfg.mask.is_padding, cfg.ragged_q, cfg.ragged_kv, cfg.b, cfg.h, cfg.d_v, cfg.q_stride, cfg.k_stride,
-            cfg.v_stride, cfg.device)  # fmt: skip
-
-
-def _length_fields(prep: "_Prepared") -> None:
-    """The lengths the call binds and what it zero-fills (te_cudnn.row_fill)."""
-    cfg, backend = prep.cfg, prep.backend
-    prep.lengths = length_remap(cfg, backend)
-    if prep.lengths is Lengths.ONE_QUERY:
-        prep.one_query = torch.ones((cfg.b, 1, 1, 1), dtype=torch.int32, device=prep.device)
-    prep.runtime_kind = (*_runtime_kind(cfg), prep.lengths)
-    prep.fill_out = fills_out(cfg, backend)
-    prep.fill_grads = fills_grads(cfg, backend)
-
-
-def _mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[torch.Tensor]]:
-    """Elements per token of each THD tensor (its token stride), as device int64 vectors:
-    q side [q, o, stats], kv side [k, v]."""
-    mq = mkv = None
-    if cfg.ragged_q:
-        mq = torch.tensor([cfg.q_stride[2], cfg.h * cfg.d_v, cfg.h], dtype=torch.int64, device=device)
-    if cfg.ragged_kv:
-        mkv = torch.tensor([cfg.k_stride[2], cfg.v_stride[2]], dtype=torch.int64, device=device)
-    mall = torch.cat((mq, mkv)) if mq is not None and mkv is not None else None
-    return {"mult_q": mq, "mult_kv": mkv, "mult_all": mall}
-
 
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A 1-element tensor expanded to ``shape``: ``torch.empty_like`` of it allocates a
@@ -451,97 +347,6 @@ def _check_rng_state(rng_state: Any, device: torch.device) -> None:
                          f"{rng_state.dtype} {list(rng_state.shape)} stride {tuple(rng_state.stride())} on {rng_state.device}")  # fmt: skip
 
 
-def _seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1, 1, 1, 1] views of rng_state[0] (seed) and rng_state[1] (offset), as the graph declares."""
-    return rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 0), rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 1)
-
-
-_workspaces: dict[tuple[int, int], torch.Tensor] = {}
-def _never_capturing() -> bool:
-    return False
-
-
-try:  # the C entry point behind torch.cuda.is_current_stream_capturing (skips its Python wrapper)
-    _is_capturing = torch._C._cuda_isCurrentStreamCapturing
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _is_capturing = torch.cuda.is_current_stream_capturing
-if not torch.cuda.is_available():  # CPU-only builds define it as a stub that raises; no CUDA, no capture
-    _is_capturing = _never_capturing
-
-
-_no_workspace: dict[int, torch.Tensor] = {}
-
-
-def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Scratch memory for one execute. Outside CUDA-graph capture, one buffer per (device,
-    stream) is reused (grown when needed): work on one stream runs in order, so it is never
-    shared by two kernels at once. During capture a fresh buffer from the graph's pool is
-    used, so captured graphs never point at a buffer that is later replaced. Plans that need
-    none (most forwards) get a 16-byte placeholder that lives as long as the process."""
-    if nbytes == 0:
-        ws = _no_workspace.get(device.index)
-        if ws is None:
-            ws = _no_workspace[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
-        return ws
-    if _is_capturing():
-        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-    slot = (device.index, _current_raw_stream(device.index))
-    ws = _workspaces.get(slot)
-    if ws is None or ws.numel() < nbytes:
-        # free the smaller buffer first (work queued on this stream keeps its order): the peak is
-        # the larger buffer, not both (calls alternating between plans of growing workspace)
-        ws = _workspaces.pop(slot, None)
-        ws = None
-        ws = _workspaces[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-    return ws
-
-
-class _LaunchContexts(dict):
-    """(device, stream) -> [handle, raw cudnnHandle_t, reusable workspace, its bytes, its address]
-    for one thread (a dict that can be weakly referenced, so release_workspaces() reaches it)."""
-
-    __slots__ = ("__weakref__",)
-
-
-_all_contexts: dict[int, "weakref.ref[_LaunchContexts]"] = {}  # every live thread's contexts
-_contexts_lock = threading.Lock()
-
-
-class _LaunchLocal(threading.local):
-    def __init__(self) -> None:
-        self.ctx = ctx = _LaunchContexts()
-        key = id(ctx)
-        with _contexts_lock:  # the entry leaves with its thread
-            _all_contexts[key] = weakref.ref(ctx, lambda _, key=key: _all_contexts.pop(key, None))
-
-
-_launch_local = _LaunchLocal()
-_data_ptr = torch.Tensor.data_ptr
-try:  # the C entry point behind torch.cuda.current_device (the device guard's one integer compare)
-    _current_device = torch._C._cuda_getDevice
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _current_device = torch.cuda.current_device
-
-
-def release_workspaces() -> int:
-    """Drop the cuDNN workspaces te_cudnn keeps for reuse (every thread, device and stream);
-    returns their bytes. The memory goes back to PyTorch's caching allocator (follow with
-    ``torch.cuda.empty_cache()`` to return it to the driver); the next call allocates what its
-    plan needs. Safe at any time: a launch in flight keeps its buffer until it is done.
-    Also releases the calling thread's cuDNN handles (other threads' go when they exit)."""
-    with _contexts_lock:
-        contexts = [c for c in (ref() for ref in list(_all_contexts.values())) if c is not None]
-    buffers = {id(ws): ws for ws in _workspaces.values()}
-    _workspaces.clear()
-    for ctx in contexts:
-        for entry in list(ctx.values()):
-            if entry[3]:  # the shared 16-byte placeholder of workspace-free plans stays
-                buffers[id(entry[2])] = entry[2]
-        ctx.clear()
-    release_thread_handles()
-    return sum(ws.numel() for ws in buffers.values())
-
-
 def _drop_cudnn_objects() -> None:
     """At interpreter exit (before modules are torn down): drop te_cudnn's references to cuDNN
     frontend objects (prepared calls, plans, launch contexts, handles). torch.library keeps the
@@ -561,106 +366,6 @@ def _drop_cudnn_objects() -> None:
 
 
 atexit.register(_drop_cudnn_objects)
-
-
-_FWD_NAMES = ("q", "k", "v", "out", "softmax_lse")
-_BWD_NAMES = ("q", "k", "v", "o", "aux_ctx_tensors[0]", "d_o")
-
-
-def _context(index: int, stream: int, nbytes: int) -> list:
-    """This thread's launch context for ``stream`` of device ``index`` with at least ``nbytes``
-    of workspace: ``[handle, raw cudnnHandle_t, workspace, its bytes, its address]`` (the slow
-    half of :func:`_launch`: first use of a stream, a larger workspace, CUDA-graph capture, or
-    a handle another caller re-bound to another stream). During capture a plan that needs
-    workspace gets a fresh buffer from the graph's pool (returned in a one-off context)."""
-    ctx = _launch_local.ctx
-    slot = (index, stream)
-    entry = ctx.get(slot)
-    if entry is None:
-        handle = handle_for(index)
-        ws = _workspace(0, _device_of(index))
-        entry = ctx[slot] = [handle, handle.backend_handle or 0, ws, 0, _data_ptr(ws)]
-    handle = entry[0]
-    if handle.stream != stream:  # another caller re-bound this thread's handle to another stream
-        handle = handle_for(index)
-        if handle is not entry[0]:  # the thread's handle was released and replaced meanwhile
-            entry[0], entry[1] = handle, handle.backend_handle or 0
-    if nbytes <= entry[3] and (nbytes == 0 or not _is_capturing()):  # workspace-free plans never touch it
-        return entry
-    capturing = _is_capturing()
-    if nbytes > entry[3] and not capturing:  # growing: let go of the smaller buffer first
-        entry[2], entry[3] = None, -1
-    ws = _workspace(nbytes, _device_of(index))  # during capture: a fresh buffer from the graph's pool
-    if capturing:
-        return [entry[0], entry[1], ws, nbytes, _data_ptr(ws)]
-    entry[2], entry[3], entry[4] = ws, ws.numel(), _data_ptr(ws)
-    return entry
-
-
-_devices: dict[int, torch.device] = {}
-
-
-def _device_of(index: int) -> torch.device:
-    dev = _devices.get(index)
-    if dev is None:
-        dev = _devices[index] = torch.device("cuda", index)
-    return dev
-
-
-def _launch(plan: CompiledPlan, ptrs: array, index: int) -> None:
-    """Launch ``plan`` (mode ``raw``) on the caller's current stream of device ``index`` with
-    ``ptrs``: the operands' data pointers in the plan's uid order. The fast half is a stream
-    read, one dict lookup and the native call; everything else is :func:`_context`. When the
-    device is not the current one (model parallel in one process, Hugging Face ``device_map``),
-    the launch runs under a guard that makes it current."""
-    if index != _current_device():
-        with torch.cuda.device(index):
-            return _launch(plan, ptrs, index)
-    stream = _current_raw_stream(index)
-    entry = _launch_local.ctx.get((index, stream))
-    nbytes = plan.workspace_size
-    if entry is None or entry[0].stream != stream or not (nbytes <= entry[3] and (nbytes == 0 or not _is_capturing())):
-        entry = _context(index, stream, nbytes)
-    native = plan.launch.native
-    if native is not None:  # operands in the plan's order: launch from here (no wrapper frame)
-        native[0](ptrs.buffer_info()[0], native[1], entry[4], entry[1], native[2])
-    else:
-        plan.launch.raw(ptrs.tolist(), entry[4], entry[1])
-
-
-def _execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: tuple = (),
-             rng_state: Optional[torch.Tensor] = None) -> None:
-    """Launch ``plan`` with ``buffers`` (tensors in the plan's uid order) on the caller's
-    current stream: through :func:`_launch` when the plan launches from pointers, else through
-    the frontend's own execute. ``checked``: the names of the leading ``buffers`` whose 16-byte
-    alignment is checked from the same pointers the launch reads (``_FWD_NAMES`` /
-    ``_BWD_NAMES``). ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers``
-    as the graph's seed and offset operands (by address: no views on the raw path)."""
-    launch = plan.launch
-    if launch.mode == "raw":
-        ptrs = array("Q", map(_data_ptr, buffers))  # the pointer array the raw launch reads
-        if checked and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
-            _misaligned(**dict(zip(checked, buffers)))
-        if rng_state is not None:
-            seed = _data_ptr(rng_state)
-            ptrs.append(seed)
-            ptrs.append(seed + 8)
-        return _launch(plan, ptrs, device.index)
-    if checked:
-        _check_aligned(checked, buffers)
-    if rng_state is not None:
-        buffers = [*buffers, *_seed_offset(rng_state)]
-    index = device.index
-    if index != _current_device():
-        with torch.cuda.device(index):
-            return _execute(plan, buffers, device)
-    entry = _context(index, _current_raw_stream(index), plan.workspace_size)
-    launch(buffers, entry[2], entry[0])
-
-
-def _check_aligned(names: tuple, buffers: list) -> None:
-    if any(_data_ptr(t) & 15 for t in buffers[: len(names)]):
-        _misaligned(**dict(zip(names, buffers)))
 
 
 _empty_like = torch.empty_like

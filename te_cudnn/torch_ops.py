@@ -37,7 +37,8 @@ from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFo
 from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
 from . import ops as _ops
-from .ops import _device_rng_state, _is_capturing, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
+from .launch import is_capturing as _is_capturing
+from .ops import _device_rng_state, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
 from .policy import token as _policy_token
 
 __all__ = ["attention", "fp8_attention", "use_custom_ops", "unpack_grads", "op_config", "parse_op_config", "OpConfig", "OPS"]

@@ -408,7 +408,7 @@ OPERAND_CASES = {
 
 @pytest.mark.parametrize("case", list(OPERAND_CASES))
 def test_operands_match_the_graph_and_hold_valid_runtime_data(case: str) -> None:
-    from te_cudnn.ops import _mult_fields  # the multipliers the launch path uses
+    from te_cudnn.varlen import mult_fields as _mult_fields  # the multipliers the launch path uses
 
     backend, direction, over = OPERAND_CASES[case]
     cfg = _paged_config() if over is None else make_key(backend, direction, sizes_config(**over), 91900, "1.32.0").config

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from te_cudnn import ops
+from te_cudnn import varlen
 from te_cudnn.backends import Direction, Uid
 from te_cudnn.enums import META_DO, META_DP, META_DQKV, META_O, META_QKV, META_S, FusedAttnBackend, QKVLayout
 from te_cudnn.runtime import RuntimeEnv
@@ -82,14 +83,14 @@ def launches(monkeypatch):
     plan = SimpleNamespace(launch=SimpleNamespace(mode="ordered"), tuning=None, evicted=False, hits=0, last_used=0,
                            workspace_size=0)  # fmt: skip
     monkeypatch.setattr(ops, "_require_cuda", lambda cfg, q: ENV)
-    monkeypatch.setattr(ops, "_current_raw_stream", lambda index: 0)
+    monkeypatch.setattr(varlen, "current_raw_stream", lambda index: 0)
     monkeypatch.setattr(ops._Prepared, "get_plan", lambda self: plan)
     monkeypatch.setattr(ops, "_execute", execute)
     ops.forget_prepared()
-    ops._runtime_cache.clear()
+    varlen.runtime_cache.clear()
     yield calls
     ops.forget_prepared()
-    ops._runtime_cache.clear()
+    varlen.runtime_cache.clear()
 
 
 def _meta_tables(names: list[str]) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch
 
 import te_cudnn as tc
 from te_cudnn import ops
+from te_cudnn import launch
 from te_cudnn.enums import QKVLayout
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close, make_qkv
@@ -253,12 +254,12 @@ def test_a_growing_workspace_never_holds_both_buffers():
     for s, q, k, v, out, aux in calls:  # build both plans; the workspace ends at the larger size
         tc.fused_attn_bwd(s, s, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)
     torch.cuda.synchronize()
-    big = max(t.numel() for t in ops._workspaces.values())
+    big = max(t.numel() for t in launch._workspaces.values())
     tc.release_workspaces()
     s, q, k, v, out, aux = calls[0]
     tc.fused_attn_bwd(s, s, None, None, q, k, v, out, out, q.dtype, aux, None, **kw)  # the smaller workspace
     torch.cuda.synchronize()
-    small = max(t.numel() for t in ops._workspaces.values())
+    small = max(t.numel() for t in launch._workspaces.values())
     assert small < big
     base = torch.cuda.memory_allocated()  # includes the smaller workspace
     torch.cuda.reset_peak_memory_stats()

@@ -1,5 +1,5 @@
 """te_cudnn.row_fill: the lengths a padding-mask call binds and what it zero-fills, on CPU
-tensors (``te_cudnn.ops._runtime_buffers`` is plain torch code; the rules are functions of the
+tensors (``te_cudnn.varlen.runtime_buffers`` is plain torch code; the rules are functions of the
 call's description). The GPU side, with results prefilled with NaN, is in test_varlen_gpu.py."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from te_cudnn import ops
+from te_cudnn import varlen
 from te_cudnn.backends import BY_ENUM
 from te_cudnn.config import describe_fwd
 from te_cudnn.enums import FusedAttnBackend, QKVLayout
@@ -37,8 +38,8 @@ def _prep(mask: str, lens_q: list[int], lens_kv: list[int], *, sq: int = 1, layo
                        attn_bias_type="no_bias", attn_mask_type=mask, window_size=window, attn_bias=None,
                        attn_scale=None, dropout=dropout, softmax_type="vanilla", bottom_right_diagonal=None)  # fmt: skip
     prep = ops._Prepared(cfg=cfg, backend=backend, key=None, out_shape=(), stats_shape=(), device=q.device,
-                         rng_increment=0, varlen=True, **ops._mult_fields(cfg, q.device))  # fmt: skip
-    ops._length_fields(prep)
+                         rng_increment=0, varlen=True, **varlen.mult_fields(cfg, q.device))  # fmt: skip
+    varlen.length_fields(prep)
     return prep, cu_q, cu_kv
 
 
@@ -46,7 +47,7 @@ def _prep(mask: str, lens_q: list[int], lens_kv: list[int], *, sq: int = 1, layo
 def test_one_query_row_binds_a_query_everywhere_and_no_keys_without_one(mask: str) -> None:
     prep, cu_q, cu_kv = _prep(mask, [1, 0, 1, 0, 1], [40, 64, 0, 0, 3])
     assert prep.lengths is Lengths.ONE_QUERY
-    lens_q, lens_kv = ops._runtime_buffers(prep, cu_q, cu_kv, None, None)
+    lens_q, lens_kv = varlen.runtime_buffers(prep, cu_q, cu_kv, None, None)
     assert lens_q.shape == lens_kv.shape == (5, 1, 1, 1) and lens_q.dtype == lens_kv.dtype == torch.int32
     assert lens_q.flatten().tolist() == [1, 1, 1, 1, 1]
     assert lens_kv.flatten().tolist() == [40, 0, 0, 0, 3]
@@ -65,7 +66,7 @@ def test_longer_queries_under_bottom_right_causal_keep_lengths_and_fills() -> No
 def test_longer_queries_bind_a_key_everywhere_and_no_queries_without_one(mask: str) -> None:
     prep, cu_q, cu_kv = _prep(mask, [16, 0, 5, 0, 16], [64, 30, 0, 0, 16], sq=16)
     assert prep.lengths is Lengths.EVERY_KEY
-    lens_q, lens_kv = ops._runtime_buffers(prep, cu_q, cu_kv, None, None)
+    lens_q, lens_kv = varlen.runtime_buffers(prep, cu_q, cu_kv, None, None)
     assert lens_q.flatten().tolist() == [16, 0, 0, 0, 16]
     assert lens_kv.flatten().tolist() == [64, 30, 1, 1, 16]
     assert not prep.fill_out and not prep.fill_grads
@@ -75,7 +76,7 @@ def test_self_attention_lengths() -> None:
     """The same cu_seqlens for q and kv (one subtraction): an empty sequence gets one key and no query."""
     lens = [7, 0, 64]
     prep, cu, _ = _prep("padding_causal", lens, lens, sq=64)
-    lens_q, lens_kv = ops._runtime_buffers(prep, cu, cu, None, None)
+    lens_q, lens_kv = varlen.runtime_buffers(prep, cu, cu, None, None)
     assert lens_q.flatten().tolist() == [7, 0, 64] and lens_kv.flatten().tolist() == [7, 1, 64]
 
 

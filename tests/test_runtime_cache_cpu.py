@@ -1,7 +1,7 @@
 """The per-call runtime buffers of variable-length calls (sequence lengths, ragged offsets) are
 computed once per cu_seqlens tensor and reused while the same tensor objects come back unchanged;
 any in-place write, or a new tensor with the same values, recomputes them. Real torch kernels on
-CPU tensors: ``te_cudnn.ops._runtime_buffers`` is plain torch code."""
+CPU tensors: ``te_cudnn.varlen.runtime_buffers`` is plain torch code."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from te_cudnn import ops
+from te_cudnn import varlen
 from te_cudnn.backends import BY_ENUM
 from te_cudnn.config import describe_fwd
 from te_cudnn.enums import FusedAttnBackend, QKVLayout
@@ -21,17 +22,17 @@ def _prep(layout: str, mask: str, q, k, v, cu):
                        softmax_type="vanilla", bottom_right_diagonal=None)  # fmt: skip
     prep = ops._Prepared(cfg=cfg, backend=BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen], key=None, out_shape=(),
                          stats_shape=(), device=q.device, rng_increment=0, varlen=True,
-                         **ops._mult_fields(cfg, q.device))  # fmt: skip
-    ops._length_fields(prep)
+                         **varlen.mult_fields(cfg, q.device))  # fmt: skip
+    varlen.length_fields(prep)
     return prep
 
 
 @pytest.fixture(autouse=True)
 def _cpu_stream(monkeypatch):
-    monkeypatch.setattr(ops, "_current_raw_stream", lambda device: 0)  # CPU tensors: one "stream"
-    ops._runtime_cache.clear()
+    monkeypatch.setattr(varlen, "current_raw_stream", lambda device: 0)  # CPU tensors: one "stream"
+    varlen.runtime_cache.clear()
     yield
-    ops._runtime_cache.clear()
+    varlen.runtime_cache.clear()
 
 
 CASES = {
@@ -46,18 +47,18 @@ def test_reused_while_unchanged_recomputed_after_a_write(case: str) -> None:
     q, k, v = make()
     cu = torch.tensor([0, 30, 64, 100] if layout.startswith("thd") else [0, 30, 64, 90], dtype=torch.int32)
     prep = _prep(layout, mask, q, k, v, cu)
-    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
-    fresh = ops._runtime_buffers(prep, cu, cu, None, None)
+    first = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    fresh = varlen.runtime_buffers(prep, cu, cu, None, None)
     assert len(first) == len(fresh) > 0
     for a, b in zip(first, fresh):
         assert torch.equal(a, b)
-    again = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    again = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     assert all(a is b for a, b in zip(first, again)), "same tensor, unchanged: the cached buffers"
 
     cu[1] = 20  # an in-place write (version bump): recomputed, and the values follow
-    changed = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    changed = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     assert not any(a is b for a, b in zip(first, changed))
-    for a, b in zip(changed, ops._runtime_buffers(prep, cu, cu, None, None)):
+    for a, b in zip(changed, varlen.runtime_buffers(prep, cu, cu, None, None)):
         assert torch.equal(a, b)
     if mask.startswith("padding"):
         assert changed[0].flatten()[0].item() == 20
@@ -68,9 +69,9 @@ def test_a_new_tensor_with_the_same_values_is_a_miss() -> None:
     q, k, v = make()
     cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
     prep = _prep(layout, mask, q, k, v, cu)
-    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
+    first = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     other = cu.clone()
-    second = ops._cached_runtime_buffers(prep, other, other, None, None)
+    second = varlen.cached_runtime_buffers(prep, other, other, None, None)
     assert not any(a is b for a, b in zip(first, second))
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
@@ -79,11 +80,11 @@ def test_the_cache_stays_bounded() -> None:
     layout, mask, make = CASES["bshd padding"]
     q, k, v = make()
     keep = []
-    for i in range(3 * ops._RUNTIME_CACHE_SIZE):
+    for i in range(3 * varlen.RUNTIME_CACHE_SIZE):
         cu = torch.tensor([0, 1 + i % 30, 64, 90], dtype=torch.int32)
         keep.append(cu)
-        ops._cached_runtime_buffers(_prep(layout, mask, q, k, v, cu), cu, cu, None, None)
-        assert len(ops._runtime_cache) <= ops._RUNTIME_CACHE_SIZE
+        varlen.cached_runtime_buffers(_prep(layout, mask, q, k, v, cu), cu, cu, None, None)
+        assert len(varlen.runtime_cache) <= varlen.RUNTIME_CACHE_SIZE
 
 
 def test_inference_tensors_are_computed_every_call() -> None:
@@ -92,9 +93,9 @@ def test_inference_tensors_are_computed_every_call() -> None:
     with torch.inference_mode():
         cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
     prep = _prep(layout, mask, q, k, v, torch.tensor([0, 30, 64, 90], dtype=torch.int32))
-    first = ops._cached_runtime_buffers(prep, cu, cu, None, None)
-    second = ops._cached_runtime_buffers(prep, cu, cu, None, None)
-    assert not ops._runtime_cache and not any(a is b for a, b in zip(first, second))
+    first = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    second = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not varlen.runtime_cache and not any(a is b for a, b in zip(first, second))
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
@@ -106,3 +107,65 @@ def test_forget_prepared_clears_the_op_launchers() -> None:
     ops.forget_prepared()
     assert not torch_ops._fwd_launchers and not torch_ops._bwd_launchers
 
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """A stand-in for CUDA-graph capture: ``capture["id"]`` is what the driver would report
+    (None: not capturing); the cache's bookkeeping is what is under test here, the driver
+    query itself is checked on the GPU (tests/test_varlen_gpu.py)."""
+    state = {"id": None, "queries": 0}
+
+    def capture_id(index):
+        state["queries"] += 1
+        return state["id"]
+
+    monkeypatch.setattr(varlen, "is_capturing", lambda: state["id"] is not None or state.get("unknown", False))
+    monkeypatch.setattr(varlen, "capture_id", capture_id)
+    return state
+
+
+def test_one_capture_computes_once_and_never_sees_eager_or_other_captures(capture) -> None:
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, cu)
+    eager = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+
+    capture["id"] = 7
+    first = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for a, b in zip(first, eager)), "a capture must compute its own buffers in its graph"
+    later = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert all(a is b for a, b in zip(first, later)), "later calls of one capture read the first call's buffers"
+    cu[2] = 50  # written inside the capture: recomputed
+    written = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for a, b in zip(first, written)) and written[0].flatten()[1].item() == 20
+
+    capture["id"] = 8  # the next capture, same tensor, same contents
+    other = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for a, b in zip(written, other))
+
+    capture["id"] = None  # eager again: the eager entry of the current contents, not a capture's
+    back = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for bufs in (first, written, other) for a, b in zip(bufs, back))
+    assert all(torch.equal(a, b) for a, b in zip(back, varlen.runtime_buffers(prep, cu, cu, None, None)))
+
+
+def test_a_capture_the_driver_cannot_name_computes_every_call(capture) -> None:
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, cu)
+    capture["unknown"] = True  # capturing, but no capture id
+    first = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    second = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not any(a is b for a, b in zip(first, second)) and not varlen.runtime_cache
+    assert capture["queries"] == 2
+
+
+def test_capture_id_without_a_driver_is_none() -> None:
+    from te_cudnn import launch  # noqa: PLC0415
+
+    if launch._capture_info() is not None:
+        pytest.skip("this machine has a CUDA driver")
+    assert launch.capture_id(0) is None

@@ -344,3 +344,72 @@ def test_paged_kv_inference(layout, sq, mask):
     rlp = attention_reference(q_dense(q), dense_k.to(q.dtype), dense_v.to(q.dtype), attn_mask_type=mask, seqlens_q=lq,
                               seqlens_kv=lkv, compute_dtype=q.dtype)  # fmt: skip
     check_close("O (paged)", q_dense(out), r32.out, rlp.out, torch.bfloat16)
+
+
+def test_cuda_graph_of_layers_computes_lengths_once_per_replay(monkeypatch):
+    """Four padding-mask layers (forward and backward) sharing one pair of cu_seqlens tensors,
+    captured in one CUDA graph: the lengths are computed by the first call of the capture
+    (te_cudnn.varlen, keyed by the driver's capture id) and read by the others; each replay
+    after new lengths are written into the cu_seqlens tensors equals eager calls on them
+    (O bit for bit; gradients to bf16 rounding, dQ's sum order varying; a zero-length
+    sequence included). A second capture gets an id of its own."""
+    from te_cudnn import launch, varlen  # noqa: PLC0415
+
+    b, s, h, d, layers = 3, 128, 4, 64, 4
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    qkv = [[torch.randn(b, s, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4)] for _ in range(layers)]
+    cu_q, cu_kv = _cu([100, 128, 5]), _cu([128, 60, 90])
+    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="padding_causal")
+
+    def step():
+        outs = []
+        for q, k, v, d_o in qkv:
+            o, aux = tc.fused_attn_fwd(True, s, s, cu_q, cu_kv, q, k, v, torch.bfloat16, **kw)
+            dq, dk, dv, *_ = tc.fused_attn_bwd(s, s, cu_q, cu_kv, q, k, v, o, d_o, torch.bfloat16, aux, **kw)
+            outs.append((o, dq, dk, dv))
+        return outs
+
+    step()  # builds the plans (a first call may not be captured)
+    torch.cuda.synchronize()
+    computed, ids = [], []
+    real_buffers, real_id = varlen.runtime_buffers, varlen.capture_id
+
+    def counting(*args):
+        computed.append(ids[-1] if ids else None)
+        return real_buffers(*args)
+
+    def recording(index):
+        ids.append(real_id(index))
+        return ids[-1]
+
+    monkeypatch.setattr(varlen, "runtime_buffers", counting)
+    monkeypatch.setattr(varlen, "capture_id", recording)
+    cu_q.add_(0), cu_kv.add_(0)  # a version bump: an eager step computes what a fresh step computes
+    step()
+    per_step = len(computed)
+    assert 1 <= per_step <= 2, f"an eager step of {layers} layers computed its lengths {per_step} times"
+    computed.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    assert ids and ids[0] is not None, "the driver named no capture id"
+    assert len(set(ids)) == 1 and len(computed) == per_step, (
+        f"{2 * layers} captured calls computed their lengths {len(computed)} times (capture ids {set(ids)})")
+    for lens_q, lens_kv in (([128, 7, 0], [128, 1, 90]), ([1, 64, 128], [33, 128, 0])):
+        cu_q.copy_(_cu(lens_q))
+        cu_kv.copy_(_cu(lens_kv))
+        graph.replay()
+        eager = step()
+        torch.cuda.synchronize()
+        for layer, (got, want) in enumerate(zip(captured, eager)):
+            assert torch.equal(got[0], want[0]), f"layer {layer} O after lengths {lens_q} / {lens_kv}"
+            for name, g, w in zip(("dQ", "dK", "dV"), got[1:], want[1:]):  # the backward's dQ sums in any order
+                torch.testing.assert_close(g, w, atol=1e-2, rtol=1.6e-2,
+                                           msg=lambda m, n=name, i=layer: f"layer {i} {n} after {lens_q} / {lens_kv}: {m}")
+
+    computed.clear()
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        step()
+    assert len(computed) == per_step and ids[-1] not in (None, ids[0]), f"second capture: ids {ids}"
+    assert launch.capture_id(torch.cuda.current_device()) is None  # not capturing

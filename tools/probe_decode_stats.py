@@ -73,7 +73,7 @@ def build(cudnn, handle, q, kc, vc, o, stats, *, mask: bool, paged: bool, tables
 def te_patched(cached_runtime: bool, zero_fill: bool):
     """te_cudnn with its per-call runtime buffers (sequence lengths) taken from the cache during
     capture too, and/or without zero-filling O: what each costs inside a CUDA graph."""
-    from te_cudnn import ops  # noqa: PLC0415
+    from te_cudnn import ops, varlen  # noqa: PLC0415
 
     saved = ops._cached_runtime_buffers, torch.zeros_like
     memo: dict = {}
@@ -81,7 +81,7 @@ def te_patched(cached_runtime: bool, zero_fill: bool):
         def cached(prep, *cu):
             key = (id(prep), *map(id, cu))
             if key not in memo:
-                memo[key] = ops._runtime_buffers(prep, *cu)
+                memo[key] = varlen.runtime_buffers(prep, *cu)
             return memo[key]
 
         ops._cached_runtime_buffers = cached

@@ -18,6 +18,7 @@ import torch
 
 import te_cudnn as tc
 from te_cudnn import ops
+from te_cudnn import varlen
 from te_cudnn.benchmark.measure import event_ms, interleaved
 from te_cudnn.row_fill import Lengths
 
@@ -31,7 +32,7 @@ SHAPES = (  # name, b, s, h, hg, d
 def _as_before(prep: ops._Prepared) -> None:
     """The prepared call as te_cudnn ran it before row_fill: lengths as given, results zero-filled."""
     prep.lengths, prep.fill_out, prep.fill_grads = Lengths.AS_GIVEN, True, True
-    prep.runtime_kind = (*ops._runtime_kind(prep.cfg), Lengths.AS_GIVEN)
+    prep.runtime_kind = (*varlen.runtime_kind(prep.cfg), Lengths.AS_GIVEN)
 
 
 def main(argv=None) -> int:

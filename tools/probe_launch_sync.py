@@ -5,7 +5,7 @@
 
 A call that returns in microseconds behind a busy queue is asynchronous; one that takes about
 the queued time waits for the GPU somewhere on its path. Printed per callable: host µs idle,
-host µs busy, and for te_cudnn the part spent inside ``ops._launch`` (the cuDNN launch).
+host µs busy, and for te_cudnn the part spent inside ``te_cudnn.launch.launch`` (the cuDNN launch).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 import torch
 
 import te_cudnn
+from te_cudnn import launch as te_launch
 from te_cudnn import ops
 
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
     }
     launch_us: list[float] = []
-    real = ops._launch  # every pointer-array launch (plain paths and _execute) goes through it
+    real = ops._launch  # every pointer-array launch (plain paths and launch.execute) goes through it
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
         finally:
             launch_us.append((time.perf_counter() - t0) * 1e6)
 
-    ops._launch = timed
+    ops._launch = te_launch.launch = timed
     print(f"queued work: {a.busy_ms} ms of torch.cuda._sleep; host us per call (median of {a.repeats})")
     print(f"{'call':32s} {'idle':>9s} {'busy':>10s} {'launch idle':>12s} {'launch busy':>12s}")
     try:
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
             m = {k2: statistics.median(v2) for k2, v2 in res.items()}
             print(f"{name:32s} {m['idle']:9.1f} {m['busy']:10.1f} {m['li']:12.1f} {m['lb']:12.1f}", flush=True)
     finally:
-        ops._launch = real
+        ops._launch = te_launch.launch = real
     return 0
 
 

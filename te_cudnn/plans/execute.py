@@ -46,7 +46,7 @@ class PlanLauncher:
         self.mode = "public"
         #: mode ``raw`` with the operands bound in ``uids`` order: ``(execute, count, plan index)``;
         #: the hot path calls ``execute(address of a uint64 pointer array, count, workspace address,
-        #: cudnnHandle_t, plan index)`` itself (see ``te_cudnn.ops._execute``). None otherwise.
+        #: cudnnHandle_t, plan index)`` itself (see ``te_cudnn.launch.execute``). None otherwise.
         self.native: Optional[tuple] = None
         try:
             self.by_dict = graph._prepare_ordered_binding_schema() is None

@@ -1,0 +1,279 @@
+"""Launching a compiled plan on the caller's stream: workspaces, launch contexts, pointers.
+
+The layer between the plan cache and the public functions. ``launch`` takes a plan whose
+operands are a pointer array in the plan's uid order and runs it on the current stream of a
+device: a stream read, one dict lookup and the frontend's native call. ``execute`` takes
+tensors instead (and the frontend's own execute for plans that cannot launch from
+pointers). Everything slower lives in ``_context``: the first use of a stream, a larger
+workspace, CUDA-graph capture.
+
+Workspaces: one buffer per (device, stream), grown when needed, shared by every plan on that
+stream (work on one stream runs in order); during capture a fresh buffer from the graph's
+pool. ``release_workspaces`` gives them back.
+
+CUDA graphs: ``is_capturing`` (torch's C entry point) and ``capture_id``, the driver's id of
+the capture the current stream is in, which scopes te_cudnn's runtime-buffer cache to one
+captured graph (``te_cudnn.varlen``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+import threading
+import weakref
+from array import array
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from .plans.handles import current_raw_stream, handle_for, release_thread_handles
+
+if TYPE_CHECKING:
+    from .plans import CompiledPlan
+
+__all__ = [
+    "launch", "execute", "is_capturing", "capture_id", "release_workspaces", "misaligned", "check_aligned",
+    "seed_offset", "current_raw_stream", "current_device", "data_ptr", "FWD_NAMES", "BWD_NAMES",
+]  # fmt: skip
+
+#: The names of the leading operands whose 16-byte alignment a launch checks (error messages).
+FWD_NAMES = ("q", "k", "v", "out", "softmax_lse")
+BWD_NAMES = ("q", "k", "v", "o", "aux_ctx_tensors[0]", "d_o")
+
+data_ptr = torch.Tensor.data_ptr
+try:  # the C entry point behind torch.cuda.current_device (the device guard's one integer compare)
+    current_device = torch._C._cuda_getDevice
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    current_device = torch.cuda.current_device
+
+
+def misaligned(**tensors: Optional[torch.Tensor]) -> None:
+    """Raise the ValueError for operands cuDNN cannot read (not 16-byte aligned), naming them."""
+    bad = [f"{n} (data_ptr % 16 = {t.data_ptr() % 16})" for n, t in tensors.items() if t is not None and t.data_ptr() % 16]
+    raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
+
+
+def check_aligned(names: tuple, buffers: list) -> None:
+    if any(data_ptr(t) & 15 for t in buffers[: len(names)]):
+        misaligned(**dict(zip(names, buffers)))
+
+
+def seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, 1, 1, 1] views of rng_state[0] (seed) and rng_state[1] (offset), as the graph declares."""
+    return rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 0), rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 1)
+
+
+# ------------------------------------------------------------------------ CUDA-graph capture
+
+
+def _never_capturing() -> bool:
+    return False
+
+
+try:  # the C entry point behind torch.cuda.is_current_stream_capturing (skips its Python wrapper)
+    is_capturing = torch._C._cuda_isCurrentStreamCapturing
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    is_capturing = torch.cuda.is_current_stream_capturing
+if not torch.cuda.is_available():  # CPU-only builds define it as a stub that raises; no CUDA, no capture
+    is_capturing = _never_capturing
+
+_CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_info():
+    """The driver's ``cuStreamGetCaptureInfo`` (its first, three-argument form, which every
+    driver since CUDA 10.1 exports under that name: stream, status, id), or None where the
+    driver library or the symbol is not there. Torch has no Python call for the capture id;
+    the driver API is used rather than the runtime's, whose signature changed in CUDA 13."""
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        fn = ctypes.CDLL(name).cuStreamGetCaptureInfo
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def capture_id(index: int) -> Optional[int]:
+    """The id of the CUDA-graph capture that the current stream of device ``index`` is in
+    (unique within the process: a later capture never reuses it), or None when the stream is
+    not capturing or the driver cannot say. A few microseconds; call it only while
+    :func:`is_capturing` says True (once per captured call, never on replays)."""
+    fn = _capture_info()
+    if fn is None:
+        return None
+    status, ident = ctypes.c_int(0), ctypes.c_uint64(0)
+    if fn(current_raw_stream(index), ctypes.byref(status), ctypes.byref(ident)) != 0 or status.value != _CAPTURE_ACTIVE:
+        return None
+    return ident.value
+
+
+# ------------------------------------------------------------------------------ workspaces
+
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_no_workspace: dict[int, torch.Tensor] = {}
+
+
+def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Scratch memory for one execute. Outside CUDA-graph capture, one buffer per (device,
+    stream) is reused (grown when needed): work on one stream runs in order, so it is never
+    shared by two kernels at once. During capture a fresh buffer from the graph's pool is
+    used, so captured graphs never point at a buffer that is later replaced. Plans that need
+    none (most forwards) get a 16-byte placeholder that lives as long as the process."""
+    if nbytes == 0:
+        ws = _no_workspace.get(device.index)
+        if ws is None:
+            ws = _no_workspace[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
+        return ws
+    if is_capturing():
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    slot = (device.index, current_raw_stream(device.index))
+    ws = _workspaces.get(slot)
+    if ws is None or ws.numel() < nbytes:
+        # free the smaller buffer first (work queued on this stream keeps its order): the peak is
+        # the larger buffer, not both (calls alternating between plans of growing workspace)
+        ws = _workspaces.pop(slot, None)
+        ws = None
+        ws = _workspaces[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    return ws
+
+
+class _LaunchContexts(dict):
+    """(device, stream) -> [handle, raw cudnnHandle_t, reusable workspace, its bytes, its address]
+    for one thread (a dict that can be weakly referenced, so release_workspaces() reaches it)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_all_contexts: dict[int, "weakref.ref[_LaunchContexts]"] = {}  # every live thread's contexts
+_contexts_lock = threading.Lock()
+
+
+class _LaunchLocal(threading.local):
+    def __init__(self) -> None:
+        self.ctx = ctx = _LaunchContexts()
+        key = id(ctx)
+        with _contexts_lock:  # the entry leaves with its thread
+            _all_contexts[key] = weakref.ref(ctx, lambda _, key=key: _all_contexts.pop(key, None))
+
+
+_launch_local = _LaunchLocal()
+
+
+def release_workspaces() -> int:
+    """Drop the cuDNN workspaces te_cudnn keeps for reuse (every thread, device and stream);
+    returns their bytes. The memory goes back to PyTorch's caching allocator (follow with
+    ``torch.cuda.empty_cache()`` to return it to the driver); the next call allocates what its
+    plan needs. Safe at any time: a launch in flight keeps its buffer until it is done.
+    Also releases the calling thread's cuDNN handles (other threads' go when they exit)."""
+    with _contexts_lock:
+        contexts = [c for c in (ref() for ref in list(_all_contexts.values())) if c is not None]
+    buffers = {id(ws): ws for ws in _workspaces.values()}
+    _workspaces.clear()
+    for ctx in contexts:
+        for entry in list(ctx.values()):
+            if entry[3]:  # the shared 16-byte placeholder of workspace-free plans stays
+                buffers[id(entry[2])] = entry[2]
+        ctx.clear()
+    release_thread_handles()
+    return sum(ws.numel() for ws in buffers.values())
+
+
+# ---------------------------------------------------------------------------------- launch
+
+
+def _context(index: int, stream: int, nbytes: int) -> list:
+    """This thread's launch context for ``stream`` of device ``index`` with at least ``nbytes``
+    of workspace: ``[handle, raw cudnnHandle_t, workspace, its bytes, its address]`` (the slow
+    half of :func:`launch`: first use of a stream, a larger workspace, CUDA-graph capture, or
+    a handle another caller re-bound to another stream). During capture a plan that needs
+    workspace gets a fresh buffer from the graph's pool (returned in a one-off context)."""
+    ctx = _launch_local.ctx
+    slot = (index, stream)
+    entry = ctx.get(slot)
+    if entry is None:
+        handle = handle_for(index)
+        ws = workspace(0, _device_of(index))
+        entry = ctx[slot] = [handle, handle.backend_handle or 0, ws, 0, data_ptr(ws)]
+    handle = entry[0]
+    if handle.stream != stream:  # another caller re-bound this thread's handle to another stream
+        handle = handle_for(index)
+        if handle is not entry[0]:  # the thread's handle was released and replaced meanwhile
+            entry[0], entry[1] = handle, handle.backend_handle or 0
+    if nbytes <= entry[3] and (nbytes == 0 or not is_capturing()):  # workspace-free plans never touch it
+        return entry
+    capturing = is_capturing()
+    if nbytes > entry[3] and not capturing:  # growing: let go of the smaller buffer first
+        entry[2], entry[3] = None, -1
+    ws = workspace(nbytes, _device_of(index))  # during capture: a fresh buffer from the graph's pool
+    if capturing:
+        return [entry[0], entry[1], ws, nbytes, data_ptr(ws)]
+    entry[2], entry[3], entry[4] = ws, ws.numel(), data_ptr(ws)
+    return entry
+
+
+_devices: dict[int, torch.device] = {}
+
+
+def _device_of(index: int) -> torch.device:
+    dev = _devices.get(index)
+    if dev is None:
+        dev = _devices[index] = torch.device("cuda", index)
+    return dev
+
+
+def launch(plan: CompiledPlan, ptrs: array, index: int) -> None:
+    """Launch ``plan`` (mode ``raw``) on the caller's current stream of device ``index`` with
+    ``ptrs``: the operands' data pointers in the plan's uid order. The fast half is a stream
+    read, one dict lookup and the native call; everything else is :func:`_context`. When the
+    device is not the current one (model parallel in one process, Hugging Face ``device_map``),
+    the launch runs under a guard that makes it current."""
+    if index != current_device():
+        with torch.cuda.device(index):
+            return launch(plan, ptrs, index)
+    stream = current_raw_stream(index)
+    entry = _launch_local.ctx.get((index, stream))
+    nbytes = plan.workspace_size
+    if entry is None or entry[0].stream != stream or not (nbytes <= entry[3] and (nbytes == 0 or not is_capturing())):
+        entry = _context(index, stream, nbytes)
+    native = plan.launch.native
+    if native is not None:  # operands in the plan's order: launch from here (no wrapper frame)
+        native[0](ptrs.buffer_info()[0], native[1], entry[4], entry[1], native[2])
+    else:
+        plan.launch.raw(ptrs.tolist(), entry[4], entry[1])
+
+
+def execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.device, checked: tuple = (),
+            rng_state: Optional[torch.Tensor] = None) -> None:
+    """Launch ``plan`` with ``buffers`` (tensors in the plan's uid order) on the caller's
+    current stream: through :func:`launch` when the plan launches from pointers, else through
+    the frontend's own execute. ``checked``: the names of the leading ``buffers`` whose 16-byte
+    alignment is checked from the same pointers the launch reads (``FWD_NAMES`` /
+    ``BWD_NAMES``). ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers``
+    as the graph's seed and offset operands (by address: no views on the raw path)."""
+    launcher = plan.launch
+    if launcher.mode == "raw":
+        ptrs = array("Q", map(data_ptr, buffers))  # the pointer array the raw launch reads
+        if checked and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[len(checked) - 1]) & 15:
+            misaligned(**dict(zip(checked, buffers)))
+        if rng_state is not None:
+            seed = data_ptr(rng_state)
+            ptrs.append(seed)
+            ptrs.append(seed + 8)
+        return launch(plan, ptrs, device.index)
+    if checked:
+        check_aligned(checked, buffers)
+    if rng_state is not None:
+        buffers = [*buffers, *seed_offset(rng_state)]
+    index = device.index
+    if index != current_device():
+        with torch.cuda.device(index):
+            return execute(plan, buffers, device)
+    entry = _context(index, current_raw_stream(index), plan.workspace_size)
+    launcher(buffers, entry[2], entry[0])
+
+
