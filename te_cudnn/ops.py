@@ -3,8 +3,12 @@
 Host path: the first call with a given signature (shapes, strides, dtypes, devices and
 options) validates it, selects a sub-backend and looks up or builds the plan; the result is
 remembered under the raw signature, so later calls do no validation, no selection and no key
-construction, only allocation of the results and ``graph.execute``. Nothing is copied: q, k,
-v are handed to cuDNN as strided views, results are allocated in the layout's own format.
+construction, only allocation of the results and the launch. Nothing is copied: q, k, v are
+handed to cuDNN as strided views, results are allocated in the layout's own format.
+
+Below this module: :mod:`te_cudnn.launch` runs a plan on the caller's stream (workspaces,
+launch contexts, pointer arrays) and :mod:`te_cudnn.varlen` computes and caches the per-call
+lengths and ragged offsets of variable-length calls.
 """
 
 from __future__ import annotations
