@@ -66,7 +66,7 @@ from .varlen import cached_runtime_buffers as _cached_runtime_buffers
 from .varlen import check_runtime_tensors as _check_runtime_tensors
 from .varlen import length_fields as _length_fields
 from .varlen import mult_fields as _mult_fields
-from .varlen import runtime_cache as _runtime_cache
+from .varlen import clear as _clear_runtime_buffers
 
 __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces"]
 
@@ -361,7 +361,7 @@ def _drop_cudnn_objects() -> None:
 
     try:
         forget_prepared()
-        _runtime_cache.clear()
+        _clear_runtime_buffers()
         release_workspaces()
         plan_cache.clear()
         handles._idle.clear()

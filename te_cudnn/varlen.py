@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .ops import _Prepared
 
 __all__ = ["check_runtime_tensors", "cached_runtime_buffers", "runtime_buffers", "runtime_kind", "length_fields",
-           "mult_fields", "RUNTIME_CACHE_SIZE"]  # fmt: skip
+           "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip
 
 _INT32 = torch.int32
 
@@ -64,9 +64,24 @@ def check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence
 #: outside one); the entry holds the tensors, so their identity cannot pass to a new tensor
 #: while it is cached. A capture's entries hold buffers from its graph's pool, which every
 #: replay recomputes where the first call computed them; no other capture, and no eager call,
-#: matches them (capture ids are never reused), and they leave with the next clear.
+#: matches them (capture ids are never reused). They are dropped when a call outside that
+#: capture comes (an eager call or another capture): freed like any temporary of a captured
+#: region, their memory goes back to the graph's pool instead of being held by te_cudnn.
 RUNTIME_CACHE_SIZE = 16
 runtime_cache: dict[tuple, tuple] = {}
+_capture_keys: list[tuple] = []  # the keys of the entries made during the latest capture
+
+
+def clear() -> None:
+    """Forget every cached runtime buffer."""
+    runtime_cache.clear()
+    _capture_keys.clear()
+
+
+def _drop_capture_entries() -> None:
+    for key in _capture_keys:
+        runtime_cache.pop(key, None)
+    _capture_keys.clear()
 
 
 def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
@@ -77,6 +92,10 @@ def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padd
         capture = capture_id(prep.index)
         if capture is None:  # the driver cannot say which capture this is: computed in every call
             return runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
+        if _capture_keys and _capture_keys[0][2] != capture:
+            _drop_capture_entries()
+    elif _capture_keys:
+        _drop_capture_entries()
     try:
         key = (
             prep.runtime_kind, current_raw_stream(prep.index), capture,
@@ -91,8 +110,10 @@ def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padd
         return entry[1]
     buffers = runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
     if len(runtime_cache) >= RUNTIME_CACHE_SIZE:
-        runtime_cache.clear()
+        clear()
     runtime_cache[key] = ((cu_q, cu_kv, cu_q_padded, cu_kv_padded), buffers)
+    if capture is not None:
+        _capture_keys.append(key)
     return buffers
 
 

@@ -87,10 +87,10 @@ def launches(monkeypatch):
     monkeypatch.setattr(ops._Prepared, "get_plan", lambda self: plan)
     monkeypatch.setattr(ops, "_execute", execute)
     ops.forget_prepared()
-    varlen.runtime_cache.clear()
+    varlen.clear()
     yield calls
     ops.forget_prepared()
-    varlen.runtime_cache.clear()
+    varlen.clear()
 
 
 def _meta_tables(names: list[str]) -> dict[str, torch.Tensor]:

@@ -30,9 +30,9 @@ def _prep(layout: str, mask: str, q, k, v, cu):
 @pytest.fixture(autouse=True)
 def _cpu_stream(monkeypatch):
     monkeypatch.setattr(varlen, "current_raw_stream", lambda device: 0)  # CPU tensors: one "stream"
-    varlen.runtime_cache.clear()
+    varlen.clear()
     yield
-    varlen.runtime_cache.clear()
+    varlen.clear()
 
 
 CASES = {
@@ -141,13 +141,17 @@ def test_one_capture_computes_once_and_never_sees_eager_or_other_captures(captur
     written = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     assert not any(a is b for a, b in zip(first, written)) and written[0].flatten()[1].item() == 20
 
-    capture["id"] = 8  # the next capture, same tensor, same contents
+    captured = {key[2] for key in varlen.runtime_cache}
+    assert captured == {None, 7}
+    capture["id"] = 8  # the next capture, same tensor, same contents: capture 7's entries go
     other = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     assert not any(a is b for a, b in zip(written, other))
+    assert {key[2] for key in varlen.runtime_cache} == {None, 8}
 
     capture["id"] = None  # eager again: the eager entry of the current contents, not a capture's
     back = varlen.cached_runtime_buffers(prep, cu, cu, None, None)
     assert not any(a is b for bufs in (first, written, other) for a, b in zip(bufs, back))
+    assert {key[2] for key in varlen.runtime_cache} == {None}, "an eager call drops the capture's entries"
     assert all(torch.equal(a, b) for a, b in zip(back, varlen.runtime_buffers(prep, cu, cu, None, None)))
 
 
