@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 import te_cudnn as tc
-from te_cudnn import ops
+from te_cudnn import launch, ops
 from te_cudnn.benchmark.handbuilt import HandGraphs
 
 
@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     ptrs = [t.data_ptr() for t in (q, k, v, o_pre, st_pre)]
     raw_handle, ws_ptr = handle.backend_handle or 0, ws.data_ptr()
     native = plan.launch.native or (plan.launch._raw, len(ptrs), plan.launch._cpp_index)
+    stream0 = launch.current_raw_stream(0)
+    print(f"plan workspace {plan.workspace_size} bytes")
     arr = array("Q", ptrs)  # kept alive: the lambda below reads its address
     arr_addr = arr.buffer_info()[0]
     nothing = lambda: None  # noqa: E731
@@ -115,6 +117,17 @@ def main(argv=None) -> int:
         "te_cudnn _execute (buffers built before)":
             (lambda: ops._execute(plan, [q, k, v, o_pre, st_pre], prep.device, ops._FWD_NAMES), nothing, nothing),
         "te_cudnn _launch (pointer array built before)": (lambda: ops._launch(plan, arr, 0), nothing, nothing),
+        # the pieces of te_cudnn.launch.launch and of plain_fwd, one by one
+        "piece: launch.current_device()": (launch.current_device, nothing, nothing),
+        "piece: launch.current_raw_stream(0)": (lambda: launch.current_raw_stream(0), nothing, nothing),
+        "piece: launch.is_capturing()": (launch.is_capturing, nothing, nothing),
+        "piece: launch context lookup": (lambda: launch._launch_local.ctx.get((0, stream0)), nothing, nothing),
+        "piece: 5 data_ptr into array('Q', tuple)":
+            (lambda: array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o_pre.data_ptr(), st_pre.data_ptr())),
+             nothing, nothing),
+        "piece: plain_fwd, results given, launch a no-op":
+            (lambda: ops.plain_fwd(prep, q, k, v, o_pre, st_pre), patch("_launch", lambda *x, **y: None),
+             patch("_launch", real_launch)),
     }
     us = timed(fns, a.rounds, a.calls)
     width = max(map(len, us))
