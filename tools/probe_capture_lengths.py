@@ -6,8 +6,11 @@ A decode step of ``--layers`` attention calls through TransformerEngine's entry 
 pair of ``cu_seqlens`` tensors, captured as one CUDA graph twice: with te_cudnn as it is (the
 lengths computed by the first call of the capture, ``te_cudnn.varlen``) and with the capture id
 hidden (``varlen.capture_id`` answering None: every call computes its lengths, as before the
-cache). Replays are timed in interleaved rounds (fresh order each round, CUDA events); the
-outputs of both graphs are compared bit for bit.
+cache). Replays are timed in interleaved rounds (fresh order each round, CUDA events). The
+outputs of both graphs are compared with those of an eager step. cuDNN's split-KV decode engine
+is not bitwise deterministic (two eager steps differ in about one layer in 32, by a bf16 ulp), so
+the probe reports the largest difference beside that of two eager steps and fails only past
+``TOLERANCE``.
 
     python tools/probe_capture_lengths.py [--layers 1,8,32] [--kv 8192] [--rounds 15] [--json out.json]
 """
@@ -23,6 +26,13 @@ import torch
 import te_cudnn as tc
 from te_cudnn import varlen
 from te_cudnn.benchmark.measure import copy_bandwidth_gbps, event_ms, interleaved
+
+
+TOLERANCE = 2e-3  # |O| is O(0.1) here; a stale length changes whole rows by far more
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
 def _kv_cache(b: int, skv: int, hg: int, d: int, page: int, gen: torch.Generator):
@@ -80,25 +90,29 @@ def main(argv=None) -> int:
                   "lengths in every call (capture id hidden)": _graph(step, False)}  # fmt: skip
         for g, _ in graphs.values():
             g.replay()
+        eager, eager2 = [o.clone() for o in step()], [o.clone() for o in step()]
         torch.cuda.synchronize()
         (_, cached_out), (_, per_call_out) = graphs.values()
-        same = all(torch.equal(x, y) for x, y in zip(cached_out, per_call_out))
+        diffs = {"eager vs eager": _max_diff(eager, eager2), "cached graph vs eager": _max_diff(cached_out, eager),
+                 "per-call graph vs eager": _max_diff(per_call_out, eager)}  # fmt: skip
+        same = max(diffs.values()) <= TOLERANCE
         samples = interleaved({n: (lambda g=g: event_ms(g.replay, lead=2)) for n, (g, _) in graphs.items()}, a.rounds)
         med = {n: statistics.median(s) for n, s in samples.items()}
         (n_c, t_c), (n_p, t_p) = med.items()
-        row = {"layers": layers, "skv": skv, "outputs_equal": same, "copy_gbps": bw,
+        row = {"layers": layers, "skv": skv, "max_abs_diff": diffs, "within_tolerance": same, "copy_gbps": bw,
                "ms_per_replay": med, "us_per_layer": {n: t / layers * 1e3 for n, t in med.items()},
                "kv_read_pct_of_copy": {n: kv_bytes / (t / layers * 1e-3) / 1e9 / bw * 100 for n, t in med.items()},
                "saved_us_per_layer": (t_p - t_c) / layers * 1e3, "ratio": t_c / t_p}
         rows.append(row)
         print(f"layers={layers:3d} skv={skv}: {n_c} {t_c / layers * 1e3:7.2f} us/layer "
               f"({row['kv_read_pct_of_copy'][n_c]:.1f} % of copy), {n_p} {t_p / layers * 1e3:7.2f} us/layer "
-              f"({row['kv_read_pct_of_copy'][n_p]:.1f} %); ratio {row['ratio']:.3f}; outputs equal: {same}", flush=True)
-        del graphs, cached_out, per_call_out
+              f"({row['kv_read_pct_of_copy'][n_p]:.1f} %); ratio {row['ratio']:.3f}; max |diff| "
+              + ", ".join(f"{n} {x:.1e}" for n, x in diffs.items()), flush=True)
+        del graphs, cached_out, per_call_out, eager, eager2
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    return 0 if all(r["outputs_equal"] for r in rows) else 1
+    return 0 if all(r["within_tolerance"] for r in rows) else 1
 
 
 if __name__ == "__main__":
