@@ -87,8 +87,8 @@ def _drop_capture_entries() -> None:
 def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
     """:func:`runtime_buffers`, from the cache when the same cu_seqlens tensors, unchanged,
     were seen on this stream (in this capture) before."""
-    capture = None
-    if is_capturing():
+    stream, capture = current_raw_stream(prep.index), None
+    if stream and is_capturing():  # the default stream (0) never captures (te_cudnn.launch)
         capture = capture_id(prep.index)
         if capture is None:  # the driver cannot say which capture this is: computed in every call
             return runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
@@ -98,7 +98,7 @@ def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padd
         _drop_capture_entries()
     try:
         key = (
-            prep.runtime_kind, current_raw_stream(prep.index), capture,
+            prep.runtime_kind, stream, capture,
             id(cu_q), cu_q._version, None if cu_kv is None else (id(cu_kv), cu_kv._version),
             None if cu_q_padded is None else (id(cu_q_padded), cu_q_padded._version),
             None if cu_kv_padded is None else (id(cu_kv_padded), cu_kv_padded._version),

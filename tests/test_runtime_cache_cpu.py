@@ -122,7 +122,23 @@ def capture(monkeypatch):
 
     monkeypatch.setattr(varlen, "is_capturing", lambda: state["id"] is not None or state.get("unknown", False))
     monkeypatch.setattr(varlen, "capture_id", capture_id)
+    monkeypatch.setattr(varlen, "current_raw_stream", lambda device: 7)  # a side stream: captures happen there
     return state
+
+
+def test_the_default_stream_is_never_asked_whether_it_captures(monkeypatch) -> None:
+    """CUDA cannot capture on the legacy default stream (raw handle 0): calls there skip the query."""
+    layout, mask, make = CASES["bshd padding"]
+    q, k, v = make()
+    cu = torch.tensor([0, 30, 64, 90], dtype=torch.int32)
+    prep = _prep(layout, mask, q, k, v, cu)
+    asked = []
+    monkeypatch.setattr(varlen, "is_capturing", lambda: asked.append(1) or False)
+    varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert not asked
+    monkeypatch.setattr(varlen, "current_raw_stream", lambda device: 7)
+    varlen.cached_runtime_buffers(prep, cu, cu, None, None)
+    assert asked == [1]
 
 
 def test_one_capture_computes_once_and_never_sees_eager_or_other_captures(capture) -> None:
