@@ -130,8 +130,25 @@ class _Prepared:
         return plan
 
 
-_fwd_memo: dict[tuple, _Prepared] = {}
-_bwd_memo: dict[tuple, _Prepared] = {}
+class _SigMemo(dict):
+    """Call signature -> its prepared call, and ``last``: the (signature, prepared call) pair
+    found last. Repeated calls of one signature (every layer of a model) match ``last`` with one
+    tuple comparison instead of hashing the ~30-field signature and comparing it as well."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: tuple = _NO_LAST
+
+    def clear(self) -> None:
+        self.last = _NO_LAST
+        super().clear()
+
+
+_NO_LAST: tuple = ((), None)  # () equals no signature (different length: one comparison)
+_fwd_memo: _SigMemo = _SigMemo()
+_bwd_memo: _SigMemo = _SigMemo()
 _memo_lock = threading.Lock()
 _zero_rng: dict[int, torch.Tensor] = {}
 
@@ -401,9 +418,10 @@ def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         _execute(plan, [q, k, v, o, st], prep.device, _FWD_NAMES, rng_state if prep.rng_increment else None)
         return o, [st, rng_state]
     # the builder's uid order: q, k, v, o, stats, (seed, offset)
-    ptrs = array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), st.data_ptr()))
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+    pq, pk, pv, po, ps = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), st.data_ptr()
+    if (pq | pk | pv | po | ps) & 15:
         _misaligned(q=q, k=k, v=v, out=o, softmax_lse=st)
+    ptrs = array("Q", (pq, pk, pv, po, ps))
     if prep.rng_increment:
         seed = rng_state.data_ptr()
         ptrs.append(seed)
@@ -431,10 +449,10 @@ def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         _execute(plan, [q, k, v, o, stats, d_o, dq, dk, dv], prep.device, _BWD_NAMES, rng_state if dropout else None)
         return [dq, dk, dv, None, None]
     # the builder's uid order: q, k, v, o, stats, d_o, dq, dk, dv, (seed, offset)
-    ptrs = array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), stats.data_ptr(), d_o.data_ptr(),
-                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))  # fmt: skip
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15:
+    pq, pk, pv, po, ps, pdo = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), stats.data_ptr(), d_o.data_ptr()
+    if (pq | pk | pv | po | ps | pdo) & 15:
         _misaligned(**dict(zip(_BWD_NAMES, (q, k, v, o, stats, d_o))))
+    ptrs = array("Q", (pq, pk, pv, po, ps, pdo, dq.data_ptr(), dk.data_ptr(), dv.data_ptr()))
     if dropout:
         seed = rng_state.data_ptr()
         ptrs.append(seed)
@@ -576,7 +594,13 @@ def fused_attn_fwd(
             extra, return_max_logit, cuda_graph,
             _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
-        prep = _fwd_memo.get(sig)
+        last = _fwd_memo.last
+        if last[0] == sig:
+            prep = last[1]
+        else:
+            prep = _fwd_memo.get(sig)
+            if prep is not None:
+                _fwd_memo.last = (sig, prep)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
@@ -941,7 +965,13 @@ def fused_attn_bwd(
             cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
             _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
-        prep = _bwd_memo.get(sig)
+        last = _bwd_memo.last
+        if last[0] == sig:
+            prep = last[1]
+        else:
+            prep = _bwd_memo.get(sig)
+            if prep is not None:
+                _bwd_memo.last = (sig, prep)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None

@@ -170,8 +170,12 @@ def test_cuda_graph_replay_reads_updated_lengths():
         q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
         graph.replay()
         eager = tc.fused_attn_decode(q, k, v, lens, table)
+        again = tc.fused_attn_decode(q, k, v, lens, table)
         torch.cuda.synchronize()
-        assert torch.equal(out, eager), step
+        if torch.equal(eager, again):  # a deterministic engine: the replay reads the same lengths, bit for bit
+            assert torch.equal(out, eager), step
+        else:  # cuDNN's split-KV decode engine may round differently from call to call (a bf16 ulp)
+            torch.testing.assert_close(out, eager, rtol=1.6e-2, atol=1e-3, msg=f"replay {step}")
         r32, rlp = _reference(q, dense, lens)
         check_close(f"O (replay {step})", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
 

@@ -430,8 +430,8 @@ def cpu_prepare(monkeypatch):
     answers with the Hopper environment; fresh memos; counts the prepares."""
     monkeypatch.setattr(ops, "_require_cuda", lambda cfg, q: HOPPER_CUDNN_919)
     monkeypatch.setattr(ops, "_is_capturing", lambda: False)  # CPU-only torch has no capture query
-    monkeypatch.setattr(ops, "_fwd_memo", {})
-    monkeypatch.setattr(ops, "_bwd_memo", {})
+    monkeypatch.setattr(ops, "_fwd_memo", ops._SigMemo())
+    monkeypatch.setattr(ops, "_bwd_memo", ops._SigMemo())
 
     def stop(self):
         raise _Stop(self.backend.name)
@@ -621,3 +621,27 @@ def test_env_debug_levels_configure_the_logger_in_a_fresh_process() -> None:
     assert "]: selected F16_arbitrary_seqlen (fwd) for bshd_bshd_bshd bfloat16, b=2 h=8" in lines[0]
     assert debug[0] == "10 [('StreamHandler', '<stderr>')]"
     assert "[DEBUG    | te_cudnn" in debug[1] and "F16_max512_seqlen declined: " in debug[1]
+
+
+def test_signature_memo_last_entry_is_only_a_shortcut(cpu_prepare) -> None:
+    """A repeated signature matches the memo's ``last`` pair; another signature is looked up in
+    the memo (and becomes ``last``); clearing the memo (forget_prepared) clears ``last`` too, so
+    the next call prepares again. Both directions."""
+    q, k, v = _qkv()
+    run_fwd(q, k, v)
+    run_fwd(q, k, v)  # found in the memo: becomes last
+    sig, prep = ops._fwd_memo.last
+    assert ops._fwd_memo[sig] is prep and prep.backend.name == ARB.name and cpu_prepare["fwd"] == 1
+    run_fwd(q, k, v)
+    assert ops._fwd_memo.last[1] is prep
+    assert run_fwd(q, k, v, M512) == M512.name  # another signature: prepared, then found
+    assert run_fwd(q, k, v, M512) == M512.name and ops._fwd_memo.last[1].backend.name == M512.name
+    assert run_fwd(q, k, v) == ARB.name and ops._fwd_memo.last[1] is prep and cpu_prepare["fwd"] == 2
+    run_bwd(q, k, v)
+    run_bwd(q, k, v)
+    assert ops._bwd_memo.last[1] is ops._bwd_memo[ops._bwd_memo.last[0]] and cpu_prepare["bwd"] == 1
+    ops.forget_prepared()
+    assert ops._fwd_memo.last == ops._NO_LAST and ops._bwd_memo.last == ops._NO_LAST
+    run_fwd(q, k, v)
+    run_bwd(q, k, v)
+    assert cpu_prepare["fwd"] == 3 and cpu_prepare["bwd"] == 2

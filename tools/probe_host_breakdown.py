@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     raw_handle, ws_ptr = handle.backend_handle or 0, ws.data_ptr()
     native = plan.launch.native or (plan.launch._raw, len(ptrs), plan.launch._cpp_index)
     stream0 = launch.current_raw_stream(0)
+    st_shape, st_stride, dev = tuple(st_pre.shape), st_pre.stride(), q.device
     print(f"plan workspace {plan.workspace_size} bytes")
     arr = array("Q", ptrs)  # kept alive: the lambda below reads its address
     arr_addr = arr.buffer_info()[0]
@@ -125,6 +126,15 @@ def main(argv=None) -> int:
         "piece: 5 data_ptr into array('Q', tuple)":
             (lambda: array("Q", (q.data_ptr(), k.data_ptr(), v.data_ptr(), o_pre.data_ptr(), st_pre.data_ptr())),
              nothing, nothing),
+        # the allocation calls torch offers, for the stats' shape (which is cheapest on this host)
+        "alloc: empty_like(q)": (lambda: torch.empty_like(q), nothing, nothing),
+        "alloc: empty_like(stats template, expanded)": (lambda: torch.empty_like(prep.stats_template), nothing, nothing),
+        "alloc: empty_like(contiguous stats)": (lambda: torch.empty_like(st_pre), nothing, nothing),
+        "alloc: empty(shape, dtype=, device=)":
+            (lambda: torch.empty(st_shape, dtype=torch.float32, device=dev), nothing, nothing),
+        "alloc: empty_strided(shape, stride, dtype=, device=)":
+            (lambda: torch.empty_strided(st_shape, st_stride, dtype=torch.float32, device=dev), nothing, nothing),
+        "alloc: new_empty(shape)": (lambda: st_pre.new_empty(st_shape), nothing, nothing),
         "piece: plain_fwd, results given, launch a no-op":
             (lambda: ops.plain_fwd(prep, q, k, v, o_pre, st_pre), patch("_launch", lambda *x, **y: None),
              patch("_launch", real_launch)),
