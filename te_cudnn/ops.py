@@ -18,6 +18,7 @@ import inspect
 from collections import namedtuple
 from array import array
 import logging
+import math
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
@@ -214,9 +215,19 @@ def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
 #: Runtime buffers (lengths, ragged offsets) computed from cu_seqlens tensors, reused while the
 #: same tensor objects are passed with unchanged contents: every layer of a model, and the
 
+#: Result templates up to this size are real contiguous tensors: ``torch.empty_like`` of a
+#: dense tensor skips the memory-format inference a non-dense one needs (0.27 us per result on
+#: an H100 host, ``tools/probe_host_breakdown.py``), which counts on the small shapes whose
+#: calls are host-bound. Larger results use an expanded 1-element tensor, which holds no memory.
+_DENSE_TEMPLATE_BYTES = 16384
+
+
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 1-element tensor expanded to ``shape``: ``torch.empty_like`` of it allocates a
-    contiguous tensor of that shape (non-dense inputs get contiguous results)."""
+    """A tensor that ``torch.empty_like`` turns into a new contiguous tensor of ``shape``: a
+    contiguous one when small (never read: only its shape, strides, dtype and device matter),
+    else a 1-element tensor expanded to ``shape`` (non-dense inputs get contiguous results)."""
+    if math.prod(shape) * dtype.itemsize <= _DENSE_TEMPLATE_BYTES:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
     return torch.empty(1, dtype=dtype, device=device).expand(*shape)
 
 
@@ -403,8 +414,8 @@ def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         plan = prep.get_plan()
     plan.hits += 1  # plan_cache.hit, inline (see PlanCache.hit: no lock needed)
     plan.last_used = next_tick()
-    # empty_like is torch's cheapest allocation; the templates are 1-element tensors
-    # expanded to the result shapes, so empty_like gives contiguous results of those shapes.
+    # empty_like is torch's cheapest allocation; empty_like of a template (see _template) is a
+    # contiguous result of the template's shape.
     o = _empty_like(q if prep.out_like_q else prep.out_template) if out is None else out
     st = _empty_like(prep.stats_template) if softmax_lse is None else softmax_lse
     if prep.rng_increment:

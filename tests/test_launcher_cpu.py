@@ -79,3 +79,31 @@ def test_operands_the_plan_does_not_read_keep_the_public_path():
     calls: list = []
     launcher = PlanLauncher(_Graph([1, 2, 3, 4], calls), [1, 2, 3])  # the plan needs an operand not bound
     assert launcher.mode == "ordered" and launcher.native is None
+
+
+@pytest.mark.parametrize("shape, dtype, dense", [
+    ((2, 16, 64, 1), "float32", True),  # 8 KiB: a real tensor
+    ((1, 1, 4096, 1), "float32", True),  # exactly the limit
+    ((1, 1, 4097, 1), "float32", False),  # one element more: expanded
+    ((2, 64, 16, 64), "bfloat16", False),
+    ((0, 8, 16, 1), "float32", True),  # zero-size results
+], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))  # fmt: skip
+def test_result_templates_give_contiguous_results(shape, dtype, dense) -> None:
+    """ops._template: small templates are contiguous tensors (the cheaper empty_like), larger
+    ones an expanded single element (no memory held); empty_like of either is a new contiguous
+    tensor of the shape and dtype."""
+    import torch
+
+    from te_cudnn import ops
+
+    dt = getattr(torch, dtype)
+    t = ops._template(shape, dt, torch.device("cpu"))
+    assert t.shape == shape and t.dtype == dt
+    if dense:
+        assert t.is_contiguous() and t.numel() * t.element_size() <= ops._DENSE_TEMPLATE_BYTES
+    else:
+        assert all(st == 0 for n, st in zip(shape, t.stride()) if n > 1)
+        assert t.untyped_storage().nbytes() == t.element_size()
+    r = torch.empty_like(t)
+    assert r.shape == shape and r.dtype == dt and r.is_contiguous()
+    assert r.numel() == 0 or r.data_ptr() != t.data_ptr()
