@@ -142,6 +142,16 @@ class _SigMemo(dict):
         super().__init__()
         self.last: tuple = _NO_LAST
 
+    def find(self, sig: tuple) -> Optional[_Prepared]:
+        """The prepared call of ``sig``, or None (a method call costs ~12 ns more than inline)."""
+        last = self.last
+        if last[0] == sig:
+            return last[1]
+        prep = self.get(sig)
+        if prep is not None:
+            self.last = (sig, prep)
+        return prep
+
     def clear(self) -> None:
         self.last = _NO_LAST
         super().clear()
@@ -605,13 +615,7 @@ def fused_attn_fwd(
             extra, return_max_logit, cuda_graph,
             _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
-        last = _fwd_memo.last
-        if last[0] == sig:
-            prep = last[1]
-        else:
-            prep = _fwd_memo.get(sig)
-            if prep is not None:
-                _fwd_memo.last = (sig, prep)
+        prep = _fwd_memo.find(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
@@ -976,13 +980,7 @@ def fused_attn_bwd(
             cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
             _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
         )  # fmt: skip
-        last = _bwd_memo.last
-        if last[0] == sig:
-            prep = last[1]
-        else:
-            prep = _bwd_memo.get(sig)
-            if prep is not None:
-                _bwd_memo.last = (sig, prep)
+        prep = _bwd_memo.find(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
         # scalar places), unhashable options: the slow path says what is wrong
         sig = prep = None
