@@ -690,3 +690,83 @@ def test_hand_built_misses_carry_their_paired_interval():
     text = report.to_markdown(results)
     assert "  - c: 1.050× (paired by round 1.050×, 95% interval [1.050, 1.050]; above 1.02 beyond the interval)" in text
     assert "  - c: 1.075× (paired by round 1.075×, 95% interval [0.980, 1.150]; 1.02 lies inside the interval)" in text
+
+
+# ----------------------------------------------------------------------------- adjacent samples (a, b, b, a)
+def test_adjacent_ratios_cancel_a_linear_clock_drift():
+    """The clock slows with every sample taken; a is 2 % slower than b at any clock: each quad's
+    ratio is exactly 1.02, in the order a, b, b, a."""
+    from te_cudnn.benchmark.measure import adjacent_ratios
+
+    taken = []
+
+    def sampler(name, factor):
+        def sample():
+            taken.append(name)
+            return factor * (1.0 + 0.03 * len(taken))
+        return sample
+
+    ratios = adjacent_ratios(sampler("a", 1.02), sampler("b", 1.0), 5)
+    assert ratios == pytest.approx([1.02] * 5, rel=1e-12)
+    assert "".join(taken) == "abba" * 5
+
+
+def test_adjacent_comparisons_fill_the_rows_within_their_quad_bounds():
+    from te_cudnn.benchmark import runner
+
+    calls = []
+    names = [n for pair in runner.SAME_ENGINE for n in pair]
+    samplers = {(n, k): (lambda n=n, k=k: calls.append((n, k)) or 1.0) for n in set(names) for k in ("eager", "graph")}
+    del samplers[("cuDNN graph (hand-built, allocating)", "graph")]  # a side without replay: eager only
+    sample_ms = {key: 10.0 for key in samplers}
+    rows = {n: {} for n in set(names)}
+    runner._adjacent("fwd_bwd", samplers, sample_ms, rows, runner.Settings(pair_seconds=0.4))  # 400 ms / 40 ms
+    adj = rows["te_cudnn"]["fwd_bwd_adjacent"]
+    assert sorted(adj) == ["cuDNN graph (hand-built)", "cuDNN graph (hand-built, allocating)"]
+    assert sorted(adj["cuDNN graph (hand-built)"]) == ["eager", "graph"]
+    assert list(adj["cuDNN graph (hand-built, allocating)"]) == ["eager"]
+    assert len(adj["cuDNN graph (hand-built)"]["eager"]) == 10 and len(calls) == 3 * 10 * 4
+    rows = {n: {} for n in set(names)}
+    runner._adjacent("fwd_bwd", samplers, {k: 1e4 for k in sample_ms}, rows, runner.Settings(pair_seconds=0.4))
+    assert len(rows["te_cudnn"]["fwd_bwd_adjacent"]["cuDNN graph (hand-built)"]["eager"]) == runner.PAIR_QUADS[0]
+    rows = {n: {} for n in set(names)}
+    runner._adjacent("fwd_bwd", samplers, {k: 1e-3 for k in sample_ms}, rows, runner.Settings(pair_seconds=5))
+    assert len(rows["te_cudnn"]["fwd_bwd_adjacent"]["cuDNN graph (hand-built)"]["graph"]) == runner.PAIR_QUADS[1]
+
+
+def test_pair_seconds_option():
+    assert cli.build_parser().parse_args(["--pair-seconds", "2.5"]).pair_seconds == 2.5
+    assert cli.build_parser().parse_args(["--pair-seconds", "0"]).pair_seconds == 0.0
+    assert cli.build_parser().parse_args([]).pair_seconds is None  # Settings keeps its default
+    from te_cudnn.benchmark.runner import Settings
+
+    assert Settings().pair_seconds > 0 and 0 < Settings.for_run(True).pair_seconds < Settings().pair_seconds
+    for bad in ("-1", "inf", "nan", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(["--pair-seconds", bad])
+        assert exc.value.code == 2
+
+
+def test_hand_built_target_from_adjacent_samples():
+    """te_cudnn's row carries the adjacent-sample ratios; the targets list them after the
+    ratio of medians, per hand-built variant and kind, with an interval for each case above."""
+    cases = [{"name": n, "group": "te", "training": True, "modes": ["fwd_bwd"], "description": n} for n in ("c", "d")]
+    ok = dict(status="ok", fwd_bwd_ms=1.0, fwd_bwd_graph_ms=1.0, fwd_bwd_eager_ms=1.0)
+    hand = "cuDNN graph (hand-built)"
+    results = {"cases": cases, "env": {}, "peaks": {}, "settings": {}, "results": [
+        dict(ok, case="c", contender="te_cudnn", fwd_bwd_adjacent={hand: {"graph": [1.0, 1.01, 0.99, 1.0],
+                                                                          "eager": [1.03, 1.05, 1.04, 1.06, 1.03]}}),
+        dict(ok, case="c", contender=hand),
+        dict(ok, case="d", contender="te_cudnn", fwd_bwd_adjacent={hand: {"graph": [1.005] * 4, "eager": [1.0] * 4}}),
+        dict(ok, case="d", contender=hand),
+    ]}  # fmt: skip
+    text = report.to_markdown(results)
+    assert ("- te_cudnn / hand-built graph (results allocated once), CUDA-graph replay, adjacent samples (a, b, b, a): "
+            "at most 1.005× (d) over 2 cases (target ≤ 1.02: met)") in text
+    assert "eager back-to-back, adjacent samples (a, b, b, a): at most 1.040× (c) over 2 cases (target ≤ 1.02: missed on c)" in text
+    assert "  - c: 1.040× over 5 quads, 95% interval [1.030, 1.060]; above 1.02 beyond the interval" in text
+    lines = text.splitlines()
+    plain = lines.index(next(line for line in lines if line.startswith("- te_cudnn / hand-built graph (results allocated "
+                                                                       "once), CUDA-graph replay: at most")))
+    assert "adjacent samples" in lines[plain + 1]  # right after the ratio of medians it complements
+    assert "allocated per call), CUDA-graph replay, adjacent" not in text  # no adjacent samples against that variant

@@ -62,6 +62,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seconds_or_zero(text: str) -> float:
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _seconds(text)
+
+
 def _store_setting(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected fresh, default, off or a directory, got an empty string")
@@ -85,6 +91,10 @@ def _add_options(add: Any) -> None:
     add("--no-graphs", action="store_true", help="eager timing only (no CUDA-graph replay)")
     add("--lead-ms", type=_milliseconds, default=None, help="untimed work of the same contender before each timed sample, "
                                                     "in ms (default 20; 0: one untimed eager call, none for graphs)")
+    add("--pair-seconds", type=_seconds_or_zero, default=None,
+        help="timing seconds per case for each comparison of te_cudnn with a hand-built graph from adjacent "
+             "samples in a, b, b, a order, in the headline mode, eager and replayed (default 1.5; --quick 0.3; "
+             "0: none)")
     add("--no-host", action="store_true", help="skip the host-time section")
     add("--plan-store", type=_store_setting, default=None, metavar="WHERE",
         help="the plan store of the run: 'fresh' (default: a private empty store, deleted afterwards, so untuned "
@@ -164,6 +174,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         over["graphs"] = False
     if args.lead_ms is not None:
         over["lead_ms"] = args.lead_ms
+    if args.pair_seconds is not None:
+        over["pair_seconds"] = args.pair_seconds
     if args.plan_store is not None:
         over["plan_store"] = args.plan_store
     if args.no_host:

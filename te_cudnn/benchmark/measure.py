@@ -7,6 +7,9 @@
   timed in turn in every round, in a fresh random order each round (:func:`interleaved`), so
   clock and thermal drift and the neighbour each sample follows hit them alike; the median over
   rounds is reported, with the spread (interquartile range over median).
+* Same-engine comparisons (te_cudnn against the hand-built graph): in the headline mode, also
+  ratios of adjacent samples in a, b, b, a order (:func:`adjacent_ratios`), which cancel the
+  fast clock swings of a GPU at its power cap that the ratio of medians over rounds keeps.
 * Host time: ``perf_counter`` over many back-to-back cached calls on a tiny problem, where the
   host, not the GPU, is the bottleneck (:func:`host_medians`).
 * Peak memory: ``torch.cuda.max_memory_allocated`` around one call, reset before.
@@ -26,7 +29,7 @@ import torch
 
 from ..plans.order import ORDER_SEED, order_rng, round_order
 
-__all__ = ["capture", "eager_sampler", "graph_sampler", "interleaved", "lead_count", "summarize", "host_medians",
+__all__ = ["adjacent_ratios", "capture", "eager_sampler", "graph_sampler", "interleaved", "lead_count", "summarize", "host_medians",
            "EAGER_LEAD", "matmul_peak_tflops", "fp8_matmul_peak_tflops", "copy_bandwidth_gbps", "event_ms", "free_memory"]  # fmt: skip
 
 
@@ -101,6 +104,23 @@ def interleaved(samplers: dict[str, Callable[[], float]], rounds: int, seed: int
     out: dict[str, list[float]] = {name: [] for name in samplers}
     for name in (n for _ in range(rounds) for n in round_order(list(samplers), rng)):
         out[name].append(samplers[name]())
+    return out
+
+
+def adjacent_ratios(a: Callable[[], float], b: Callable[[], float], quads: int) -> list[float]:
+    """``quads`` ratios of sampler ``a``'s time to sampler ``b``'s, each from four samples taken
+    one right after the other in the order a, b, b, a: ``(a1 + a2) / (b1 + b2)``. A GPU at its
+    power cap moves its clock within tens of milliseconds, faster than a round of every contender
+    lasts (see :func:`interleaved`); a clock that drifts linearly over the four samples slows
+    both sides alike and cancels, and each side takes the same places (one sample right after
+    its own work, one right after the other's)."""
+    out = []
+    for _ in range(quads):
+        a1 = a()
+        b1 = b()
+        b2 = b()
+        a2 = a()
+        out.append((a1 + a2) / (b1 + b2))
     return out
 
 

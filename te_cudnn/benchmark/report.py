@@ -402,7 +402,8 @@ def _hand_built_target(flat: list[dict], raw: list[dict] = ()) -> list[str]:
     CUDA-graph replay and in eager back-to-back calls, against the graph writing into results
     allocated once and against the one allocating its results per call (as te_cudnn does). Each
     case above the target is listed with its ratio paired by round and that ratio's interval
-    (both contenders are timed in the same rounds), where the run kept the samples."""
+    (both contenders are timed in the same rounds), where the run kept the samples; then the
+    same comparison from adjacent samples (:func:`_adjacent_target`), where the run took them."""
     by = {(r["case"], r["contender"]): r for r in flat if r["status"] == "ok"}
     samples = {(r["case"], r["contender"]): r for r in raw}
     lines = []
@@ -412,6 +413,7 @@ def _hand_built_target(flat: list[dict], raw: list[dict] = ()) -> list[str]:
             ratios = [(te[field] / h[field], case) for (case, who), h in by.items() if who == hand
                       and (te := by.get((case, "te_cudnn"))) and te.get(field) and h.get(field)]  # fmt: skip
             if not ratios:
+                lines += _adjacent_target(raw, hand, what, kind, field.split("_")[2])
                 continue
             worst, case = max(ratios)
             over = sorted((c, r) for r, c in ratios if r > HAND_BUILT_TARGET)
@@ -428,6 +430,32 @@ def _hand_built_target(flat: list[dict], raw: list[dict] = ()) -> list[str]:
                            else f"above {HAND_BUILT_TARGET} beyond the interval")  # fmt: skip
                 lines.append(f"  - {c}: {r:.3f}× (paired by round {med:.3f}×, {RATIO_CONFIDENCE:.0%} interval "
                              f"[{low:.3f}, {high:.3f}]; {verdict})")
+            lines += _adjacent_target(raw, hand, what, kind, field.split("_")[2])  # "graph" / "eager"
+    return lines
+
+
+def _adjacent_target(raw: list[dict], hand: str, what: str, kind: str, key: str) -> list[str]:
+    """The same target from adjacent samples (``fwd_bwd_adjacent`` of te_cudnn's rows, written by
+    the runner in a, b, b, a order): the median ratio per case, the largest, and for each case
+    above the target its interval. Nothing where the run kept no adjacent samples."""
+    per_case = []
+    for r in raw:
+        ratios = ((r.get("fwd_bwd_adjacent") or {}).get(hand) or {}).get(key) if r.get("contender") == "te_cudnn" else None
+        if ratios:
+            per_case.append((statistics.median(ratios), r["case"], ratios))
+    if not per_case:
+        return []
+    worst, case, _ = max(per_case)
+    over = sorted((c, m, v) for m, c, v in per_case if m > HAND_BUILT_TARGET)
+    lines = [f"- te_cudnn / hand-built graph ({what}), {kind}, adjacent samples (a, b, b, a): at most {worst:.3f}× "
+             f"({case}) over {len(per_case)} cases (target ≤ {HAND_BUILT_TARGET}: "
+             + ("met)" if not over else f"missed on {', '.join(c for c, _, _ in over)})")]
+    for c, med, ratios in over:
+        low, high = median_interval(ratios)
+        verdict = (f"{HAND_BUILT_TARGET} lies inside the interval" if low <= HAND_BUILT_TARGET
+                   else f"above {HAND_BUILT_TARGET} beyond the interval")  # fmt: skip
+        lines.append(f"  - {c}: {med:.3f}× over {len(ratios)} quads, {RATIO_CONFIDENCE:.0%} interval "
+                     f"[{low:.3f}, {high:.3f}]; {verdict}")
     return lines
 
 

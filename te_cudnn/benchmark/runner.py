@@ -28,8 +28,9 @@ from .cases import Case
 from .contenders import Contender
 from .handbuilt import HandGraphs
 from .inputs import make_inputs, tensor_bytes
-from .measure import (EAGER_LEAD, capture, copy_bandwidth_gbps, eager_sampler, event_ms, fp8_matmul_peak_tflops, free_memory,
-                      graph_sampler, host_medians, interleaved, lead_count, matmul_peak_tflops, summarize)  # fmt: skip
+from .measure import (EAGER_LEAD, adjacent_ratios, capture, copy_bandwidth_gbps, eager_sampler, event_ms,
+                      fp8_matmul_peak_tflops, free_memory, graph_sampler, host_medians, interleaved, lead_count,
+                      matmul_peak_tflops, summarize)  # fmt: skip
 
 __all__ = ["Settings", "run_benchmark", "plan_store_for_run", "environment", "host_section", "SCHEMA"]
 
@@ -49,6 +50,7 @@ class Settings:
     graph_max_ms: float = 20.0  # calls longer than this are timed eagerly only (launch gaps are noise there)
     lead_ms: float = 20.0  # untimed work of the same contender before each sample (the GPU's clocks settle to it)
     order_seed: int = 0  # the rounds' orders (measure.interleaved)
+    pair_seconds: float = 1.5  # per case, comparison (SAME_ENGINE) and kind: adjacent a, b, b, a samples; 0: none
     graphs: bool = True
     host: bool = True
     host_rounds: int = 15
@@ -61,7 +63,7 @@ class Settings:
     @classmethod
     def for_run(cls, quick: bool, rounds: Optional[int] = None, **over: Any) -> "Settings":
         s = cls(quick=True, rounds=10, min_rounds=3, mode_budget_s=0.4, host_rounds=7, host_calls=1000,
-                deadline_s=150.0) if quick else cls()  # fmt: skip
+                deadline_s=150.0, pair_seconds=0.3) if quick else cls()  # fmt: skip
         if rounds is not None:
             s.rounds = max(1, rounds)
             s.min_rounds = min(s.min_rounds, s.rounds)
@@ -321,7 +323,30 @@ CAPTURE_FAILURE_COST = ("eager time only; torch may keep a failed capture's memo
                         "leaving later cases less")  # fmt: skip
 
 
-def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings: Settings) -> None:
+#: the contenders that run the same cuDNN engines, compared from adjacent samples as well
+#: (measure.adjacent_ratios): te_cudnn and the graph written by hand, both variants
+SAME_ENGINE = (("te_cudnn", "cuDNN graph (hand-built)"), ("te_cudnn", "cuDNN graph (hand-built, allocating)"))
+#: adjacent-sample ratios per comparison and kind: at least / at most this many a, b, b, a quads
+PAIR_QUADS = (4, 24)
+
+
+def _adjacent(mode: str, samplers: dict, sample_ms: dict, rows: dict[str, dict], settings: Settings) -> None:
+    """Each SAME_ENGINE comparison from adjacent samples (both kinds where both sides have them):
+    ``rows[a][f"{mode}_adjacent"][b][kind]`` is the list of ratios a / b."""
+    for a, b in SAME_ENGINE:
+        for kind in ("eager", "graph"):
+            if (a, kind) not in samplers or (b, kind) not in samplers:
+                continue
+            per_quad = 2.0 * (sample_ms[(a, kind)] + sample_ms[(b, kind)])
+            quads = max(PAIR_QUADS[0], min(PAIR_QUADS[1], int(settings.pair_seconds * 1e3 / max(per_quad, 1e-3))))
+            ratios = adjacent_ratios(samplers[(a, kind)], samplers[(b, kind)], quads)
+            rows[a].setdefault(f"{mode}_adjacent", {}).setdefault(b, {})[kind] = ratios
+
+
+def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings: Settings,
+               adjacent: bool = False) -> None:  # fmt: skip
+    """Time every run in ``mode``: interleaved rounds of eager and replayed samples; with
+    ``adjacent`` (the case's headline mode), the SAME_ENGINE comparisons from adjacent samples too."""
     calls, est, keep = {}, {}, []
     for name, run in runs.items():
         try:
@@ -351,18 +376,20 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
             _sync_quietly()
             rows[n]["notes"] = _add(rows[n].get("notes"), f"{mode}: CUDA-graph capture failed ({_one_line(exc)}); "
                                     f"{CAPTURE_FAILURE_COST}")  # fmt: skip
-    samplers = {}
-    per_round = 0.0
+    samplers, sample_ms = {}, {}  # (name, kind) -> sampler, its estimated ms per sample (lead included)
     for n in calls:
         lead = lead_count(settings.lead_ms, est[n], EAGER_LEAD)
         samplers[(n, "eager")] = eager_sampler(calls[n], reps[n], lead)
-        per_round += est[n] * (reps[n] + lead)
+        sample_ms[(n, "eager")] = est[n] * (reps[n] + lead)
         if n in graphs:
             lead = lead_count(settings.lead_ms, est[n] * reps[n])
             samplers[(n, "graph")] = graph_sampler(graphs[n][0], reps[n], lead)
-            per_round += est[n] * reps[n] * (1 + lead)
+            sample_ms[(n, "graph")] = est[n] * reps[n] * (1 + lead)
+    per_round = sum(sample_ms.values())
     rounds = max(settings.min_rounds, min(settings.rounds, int(settings.mode_budget_s * 1e3 / (per_round or 1.0))))
     samples = interleaved(samplers, rounds, settings.order_seed) if samplers else {}
+    if adjacent and settings.pair_seconds > 0:
+        _adjacent(mode, samplers, sample_ms, rows, settings)
     for n in calls:
         eager, spread_e = summarize(samples[(n, "eager")])
         row = rows[n]
@@ -430,7 +457,7 @@ def run_case(case: Case, contenders: list[Contender], settings: Settings, deadli
                                                           for n, v in shadow.items()}  # fmt: skip
             else:
                 for mode in case.modes:
-                    _time_mode(mode, runs, rows, settings)
+                    _time_mode(mode, runs, rows, settings, adjacent=mode == case.modes[-1])  # the headline mode
             if number == 0 and last:
                 runs = {n: r for n, r in runs.items() if n in {c.name for c in eligible if not c.shares_plan_cache}}
             else:
