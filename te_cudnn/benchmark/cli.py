@@ -93,7 +93,7 @@ def _add_options(add: Any) -> None:
                                                     "in ms (default 20; 0: one untimed eager call, none for graphs)")
     add("--pair-seconds", type=_seconds_or_zero, default=None,
         help="timing seconds per case for each comparison of te_cudnn with a hand-built graph from adjacent "
-             "samples in a, b, b, a order, in the headline mode, eager and replayed (default 1.5; --quick 0.3; "
+             "samples in a, b, b, a order, in the headline mode, eager and replayed (default 1.0; --quick 0.3; "
              "0: none)")
     add("--no-host", action="store_true", help="skip the host-time section")
     add("--plan-store", type=_store_setting, default=None, metavar="WHERE",

@@ -50,7 +50,7 @@ class Settings:
     graph_max_ms: float = 20.0  # calls longer than this are timed eagerly only (launch gaps are noise there)
     lead_ms: float = 20.0  # untimed work of the same contender before each sample (the GPU's clocks settle to it)
     order_seed: int = 0  # the rounds' orders (measure.interleaved)
-    pair_seconds: float = 1.5  # per case, comparison (SAME_ENGINE) and kind: adjacent a, b, b, a samples; 0: none
+    pair_seconds: float = 1.0  # per case, comparison (SAME_ENGINE) and kind: adjacent a, b, b, a samples; 0: none
     graphs: bool = True
     host: bool = True
     host_rounds: int = 15
