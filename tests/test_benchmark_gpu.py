@@ -55,3 +55,11 @@ def test_allocating_hand_built_graph_agrees_with_te_cudnn() -> None:
     assert row["rel_err"] is not None and row["rel_err"] < 1e-2, row["rel_err"]
     for mode in case.modes:
         assert row[f"{mode}_graph_ms"] > 0 and row[f"{mode}_eager_ms"] > 0, (mode, row)
+    # te_cudnn against it from adjacent samples (the headline mode, both kinds): the same engine,
+    # so the ratios sit near 1 (a loose bound: quick settings, a host-bound case)
+    te = next(r for r in rows if r["contender"] == "te_cudnn")
+    adjacent = te["fwd_bwd_adjacent"]["cuDNN graph (hand-built, allocating)"]
+    assert sorted(adjacent) == ["eager", "graph"], adjacent
+    for kind, ratios in adjacent.items():
+        assert len(ratios) >= 4 and all(0.5 < r < 2.0 for r in ratios), (kind, ratios)
+    assert "fwd_adjacent" not in te and "bwd_adjacent" not in te  # only the headline mode
