@@ -222,9 +222,6 @@ def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
     return buf.copy_(bias)
 
 
-#: Runtime buffers (lengths, ragged offsets) computed from cu_seqlens tensors, reused while the
-#: same tensor objects are passed with unchanged contents: every layer of a model, and the
-
 #: Result templates up to this size are real contiguous tensors: ``torch.empty_like`` of a
 #: dense tensor skips the memory-format inference a non-dense one needs (0.27 us per result on
 #: an H100 host, ``tools/probe_host_breakdown.py``), which counts on the small shapes whose
