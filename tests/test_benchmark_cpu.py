@@ -734,17 +734,19 @@ def test_adjacent_comparisons_fill_the_rows_within_their_quad_bounds():
     assert len(rows["te_cudnn"]["fwd_bwd_adjacent"]["cuDNN graph (hand-built)"]["graph"]) == runner.PAIR_QUADS[1]
 
 
-def test_pair_seconds_option():
+def test_pair_seconds_option(capsys):
     assert cli.build_parser().parse_args(["--pair-seconds", "2.5"]).pair_seconds == 2.5
     assert cli.build_parser().parse_args(["--pair-seconds", "0"]).pair_seconds == 0.0
     assert cli.build_parser().parse_args([]).pair_seconds is None  # Settings keeps its default
     from te_cudnn.benchmark.runner import Settings
 
     assert Settings().pair_seconds > 0 and 0 < Settings.for_run(True).pair_seconds < Settings().pair_seconds
+    assert cli.build_parser().parse_args(["--pair-seconds", "0.00"]).pair_seconds == 0.0
     for bad in ("-1", "inf", "nan", "soon"):
         with pytest.raises(SystemExit) as exc:
             cli.build_parser().parse_args(["--pair-seconds", bad])
         assert exc.value.code == 2
+    assert "must be 0 (off) or a finite number > 0, got -1" in capsys.readouterr().err
 
 
 def test_hand_built_target_from_adjacent_samples():

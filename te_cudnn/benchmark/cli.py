@@ -63,9 +63,13 @@ def _seconds(text: str) -> float:
 
 
 def _seconds_or_zero(text: str) -> float:
-    if text.strip() in ("0", "0.0"):
-        return 0.0
-    return _seconds(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a finite number > 0, got {text}")
+    return value
 
 
 def _store_setting(text: str) -> str:
