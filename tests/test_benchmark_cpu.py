@@ -5,6 +5,7 @@ line and ``tools/bench.py``'s old options. Timing needs a GPU; nothing here pret
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -67,7 +68,11 @@ def results() -> dict:
                  "like_for_like_us": -0.75,
                  "us": {"te_cudnn fused_attn_fwd": 16.0, "bare graph.execute (hand-built graph)": 13.5,
                         "te_cudnn, preallocated out and softmax_lse": 13.25,
-                        "bare graph.execute (hand-built graph with stats)": 14.0, "torch SDPA cuDNN": 40.0}},
+                        "bare graph.execute (hand-built graph with stats)": 14.0, "torch SDPA cuDNN": 40.0},
+                 "te_cudnn_launch": "raw", "te_cudnn_plan": "eng9_k24=7, workspace 256 B",
+                 "tuned": {"plan": "eng8_k24=3, workspace 0 B", "heuristic_plan": "eng9_k24=7, workspace 256 B",
+                           "speedup": 1.3, "te_minus_yardstick_us": 1.75,
+                           "us": {"te_cudnn fused_attn_fwd": 15.25, "bare graph.execute (hand-built graph)": 13.5}}},
         "cases": cases,
         "results": rows,
     }  # fmt: skip
@@ -124,6 +129,11 @@ def test_markdown_table(results: dict) -> None:
     assert "+2.50 µs (target ≤ +3 µs: met)" in md
     assert ("- host time, like for like: te_cudnn, preallocated out and softmax_lse 13.2 µs vs bare graph.execute "
             "(hand-built graph with stats) 14 µs: -0.75 µs") in md
+    assert ("- host time, autotuned plan (eng8_k24=3, workspace 0 B; heuristic plan eng9_k24=7, workspace 256 B): "
+            "te_cudnn 15.2 µs vs bare graph.execute (hand-built graph) 13.5 µs in rounds of their own: +1.75 µs "
+            "(target ≤ +3 µs: met)") in md
+    assert "- te_cudnn launch path: raw (eng9_k24=7, workspace 256 B)" in md
+    assert "| te_cudnn fused_attn_fwd | 15.2 | +1.75 |" in md  # the tuned rounds' own table
     assert "FP8 vs bf16" in md and "2×" in md  # fwd speed-up 2.0 / 1.0
     assert "- torch SDPA cuDNN on decode_kv8k: dense KV cache (torch SDPA has no paged KV)" in md
     # the decode target is reported for every te_cudnn entry point that ran the case
@@ -772,3 +782,14 @@ def test_hand_built_target_from_adjacent_samples():
                                                                        "once), CUDA-graph replay: at most")))
     assert "adjacent samples" in lines[plain + 1]  # right after the ratio of medians it complements
     assert "allocated per call), CUDA-graph replay, adjacent" not in text  # no adjacent samples against that variant
+
+
+def test_host_autotuned_plan_not_measured_says_why(results: dict) -> None:
+    results = copy.deepcopy(results)
+    results["host"]["tuned"] = {"error": "the host problem's plan was not tuned: no tuning record"}
+    md = report.to_markdown(results)
+    assert "- host time, autotuned plan: not measured (the host problem's plan was not tuned: no tuning record)" in md
+    assert "- autotuned plan not timed: the host problem's plan was not tuned: no tuning record" in md
+    del results["host"]["tuned"]
+    md = report.to_markdown(results)
+    assert "autotuned plan" not in md.split("## Host time per cached call")[1].split("##")[0]

@@ -63,3 +63,26 @@ def test_allocating_hand_built_graph_agrees_with_te_cudnn() -> None:
     for kind, ratios in adjacent.items():
         assert len(ratios) >= 4 and all(0.5 < r < 2.0 for r in ratios), (kind, ratios)
     assert "fwd_adjacent" not in te and "bwd_adjacent" not in te  # only the headline mode
+
+
+def test_host_section_times_the_autotuned_plan_in_rounds_of_its_own() -> None:
+    """The host section tunes the host problem's plan the way a user does (``autotuning(True)``
+    around a call) and times te_cudnn against the yardstick again with the tuned plan."""
+    from te_cudnn.benchmark.runner import host_section, plan_store_for_run
+    from te_cudnn.plans import plan_cache
+
+    settings = Settings.for_run(quick=True, host_rounds=2, host_calls=200)
+    try:
+        with plan_store_for_run("fresh"):
+            host = host_section(settings, lambda _: None)
+    finally:  # later tests build the heuristic plan of this key again
+        plan_cache.retire(lambda p: p.key.config.b == 1 and p.key.config.h == 1 and p.key.config.sq == 64
+                          and p.tuning is not None)  # fmt: skip
+    assert host["te_cudnn_plan"] and host["te_cudnn_launch"] in ("raw", "ordered", "public", "dict"), host
+    tuned = host["tuned"]
+    assert "error" not in tuned, tuned
+    assert tuned["plan"] and tuned["heuristic_plan"] == host["te_cudnn_plan"], tuned
+    assert set(tuned["us"]) >= {"te_cudnn fused_attn_fwd", "bare graph.execute (hand-built graph)"}, tuned
+    assert all(0 < u < 1000 for u in tuned["us"].values()), tuned["us"]
+    assert tuned["te_minus_yardstick_us"] == pytest.approx(
+        tuned["us"]["te_cudnn fused_attn_fwd"] - tuned["us"]["bare graph.execute (hand-built graph)"])

@@ -277,6 +277,15 @@ def _targets(results: dict, flat: list[dict]) -> list[str]:
         te, yard = host["like_for_like"]
         lines.append(f"- host time, like for like: {te} {_num(host['us'][te], 3)} µs vs {yard} "
                      f"{_num(host['us'][yard], 3)} µs: {host['like_for_like_us']:+.2f} µs")  # fmt: skip
+    tuned = host.get("tuned") or {}
+    if tuned.get("te_minus_yardstick_us") is not None:
+        d, t, us = tuned["te_minus_yardstick_us"], host.get("target_us", 3.0), tuned["us"]
+        lines.append(f"- host time, autotuned plan ({tuned.get('plan')}; heuristic plan {tuned.get('heuristic_plan')}): "
+                     f"te_cudnn {_num(us[host['te_cudnn']], 3)} µs vs {host['yardstick']} "
+                     f"{_num(us[host['yardstick']], 3)} µs in rounds of their own: {d:+.2f} µs (target ≤ +{t:g} µs: "
+                     f"{'met' if d <= t else 'missed'})")  # fmt: skip
+    elif tuned.get("error"):
+        lines.append(f"- host time, autotuned plan: not measured ({tuned['error']})")
     lines += _parity_target(flat)
     lines += _autotune_target(flat)
     lines += _hand_built_target(flat, results.get("results", []))
@@ -491,7 +500,19 @@ def _host_lines(results: dict) -> list[str]:
     for n in host.get("notes", []):
         lines.append(f"- not timed: {n}")
     if host.get("te_cudnn_launch"):
-        lines.append(f"- te_cudnn launch path: {host['te_cudnn_launch']}")
+        lines.append(f"- te_cudnn launch path: {host['te_cudnn_launch']}"
+                     + (f" ({host['te_cudnn_plan']})" if host.get("te_cudnn_plan") else ""))  # fmt: skip
+    tuned = host.get("tuned") or {}
+    if tuned.get("us"):
+        tus = tuned["us"]
+        tyard = tus.get(host.get("yardstick"))
+        lines += ["", f"With the host problem's plan autotuned ({tuned.get('plan')}; the heuristic plan: "
+                      f"{tuned.get('heuristic_plan')}), in interleaved rounds of their own:", ""]  # fmt: skip
+        lines += _table(["call", "µs", f"minus {host.get('yardstick')}"],
+                        [[n, _num(u, 3), "" if tyard is None or n == host.get("yardstick") else f"{u - tyard:+.2f}"]
+                         for n, u in tus.items()])  # fmt: skip
+    elif tuned.get("error"):
+        lines.append(f"- autotuned plan not timed: {tuned['error']}")
     return lines + [""]
 
 

@@ -31,6 +31,7 @@ from .inputs import make_inputs, tensor_bytes
 from .measure import (EAGER_LEAD, adjacent_ratios, capture, copy_bandwidth_gbps, eager_sampler, event_ms,
                       fp8_matmul_peak_tflops, free_memory, graph_sampler, host_medians, interleaved, lead_count,
                       matmul_peak_tflops, summarize)  # fmt: skip
+from .te_contender import autotuning_context
 
 __all__ = ["Settings", "run_benchmark", "plan_store_for_run", "environment", "host_section", "SCHEMA"]
 
@@ -55,6 +56,7 @@ class Settings:
     host: bool = True
     host_rounds: int = 15
     host_calls: int = 2000
+    host_tuned: bool = True  # the host problem again with its plan autotuned (rounds of its own)
     peaks: bool = True
     deadline_s: float = 480.0  # no case or contender starts after this many seconds
     every_case: bool = False  # FlexAttention and te_cudnn autotuned on every case, not their default subsets
@@ -188,13 +190,59 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
     if HOST_TE_PREALLOCATED in us and HOST_YARDSTICK_STATS in us:
         out["like_for_like"] = [HOST_TE_PREALLOCATED, HOST_YARDSTICK_STATS]
         out["like_for_like_us"] = us[HOST_TE_PREALLOCATED] - us[HOST_YARDSTICK_STATS]
-    try:  # which launch path te_cudnn's cached plan took (informational)
-        plan = next(p for p in tc.plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h and p.key.config.b == b)
+    plan = _host_plan(tc, b, h, s)
+    if plan is not None:  # which engine and launch path te_cudnn's cached plan took (informational)
         out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
-    except Exception:  # noqa: BLE001
-        pass
+        out["te_cudnn_plan"] = _plan_words(plan)
     log("host us per cached forward: " + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))
+    if settings.host_tuned and HOST_TE in fns:
+        try:
+            out["tuned"] = _host_tuned(settings, fns, tc, (b, h, s), log)
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            out["tuned"] = {"error": _one_line(exc)}
+            log(f"host section, autotuned plan: {_one_line(exc)}")
     return out
+
+
+def _host_plan(tc: Any, b: int, h: int, s: int) -> Any:
+    """te_cudnn's cached plan of the host problem (None if not there)."""
+    return next((p for p in tc.plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h
+                 and p.key.config.b == b), None)  # fmt: skip
+
+
+def _plan_words(plan: Any) -> str:
+    return f"{plan.plan_name}, workspace {plan.workspace_size} B"
+
+
+def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], tc: Any, bhs: tuple[int, int, int],
+                log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """The host problem again with its plan autotuned (``autotuning(True)`` around one call, as a
+    user turns it on): the tuner may choose another engine, whose launch can cost less host
+    time (on an H100 the heuristic plan memsets its 256-byte workspace before every launch, a
+    workspace-free engine does not). Timed in rounds of its own, interleaved with the
+    yardsticks again, after the untuned calls are done (the tuned plan replaces the untuned
+    one in the plan cache)."""
+    ctx = autotuning_context()
+    if ctx is None:
+        return {"error": "autotuning not available in this build"}
+    before = _host_plan(tc, *bhs)
+    with ctx():
+        fns[HOST_TE]()
+    torch.cuda.synchronize()
+    plan = _host_plan(tc, *bhs)
+    if plan is None or getattr(plan, "tuning", None) is None:
+        why = getattr(plan, "tuning_error", None) or "no tuning record"
+        return {"error": f"the host problem's plan was not tuned: {why}"}
+    names = (HOST_TE, HOST_TE_PREALLOCATED, HOST_YARDSTICK, HOST_YARDSTICK_STATS)
+    tuned_fns = {n: fns[n] for n in names if n in fns}
+    us = host_medians(tuned_fns, settings.host_rounds, settings.host_calls, warmup=min(500, settings.host_calls))
+    res: dict[str, Any] = {"us": us, "plan": _plan_words(plan), "heuristic_plan": None if before is None else _plan_words(before),
+                           "speedup": plan.tuning.get("speedup")}  # fmt: skip
+    if HOST_YARDSTICK in us:
+        res["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
+    log("host us per cached forward, autotuned plan (" + res["plan"] + "): "
+        + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))  # fmt: skip
+    return res
 
 
 # ---------------------------------------------------------------------------- one case
