@@ -420,3 +420,39 @@ def test_interleaved_timer_times_runs_side_by_side_and_isolates_a_failing_one() 
     ratio = sorted(large)[2] / sorted(small)[2]
     print(f"2048^3 / 1024^3 matmul time ratio: {ratio:.2f}")
     assert 3.0 < ratio < 12.0
+
+
+def test_timer_hides_the_host_time_of_a_host_bound_run_after_an_idle_spell() -> None:
+    """A run whose launches take the host far longer than the GPU (one tiny kernel and ~30 µs
+    of host work) is timed at its device time: its samples are queued behind a spin. After an
+    idle spell the GPU's first spins run at a low clock; a spin rate read there made later spins
+    too short, and the tuner then timed host launches (an H100 benchmark run timed every
+    candidate of the host problem at ~13 µs, the frontend's host time per launch, instead of
+    4.6-6.3 µs)."""
+    import time
+
+    x = torch.zeros(256, device="cuda")
+
+    def run() -> None:
+        x.add_(1.0)
+        t = time.perf_counter() + 30e-6
+        while time.perf_counter() < t:
+            pass
+
+    t0 = time.perf_counter()
+    for _ in range(200):
+        run()
+    torch.cuda.synchronize()
+    host_ms = (time.perf_counter() - t0) / 200 * 1e3
+    saved = dict(tune_mod._cycles_per_ms)
+    tune_mod._cycles_per_ms.clear()  # measured again, after the idle spell
+    try:
+        time.sleep(2.0)  # idle: the GPU lowers its clock
+        [samples] = tune_mod.interleaved_event_timer([run], warmup=3, reps=5)
+    finally:
+        tune_mod._cycles_per_ms.clear()
+        tune_mod._cycles_per_ms.update(saved)
+    device_ms = sorted(samples)[len(samples) // 2]
+    print(f"host {host_ms * 1e3:.1f} us per run, timed {device_ms * 1e3:.1f} us")
+    assert len(samples) == 5
+    assert device_ms < 0.5 * host_ms, (device_ms, host_ms)

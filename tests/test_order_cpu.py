@@ -74,3 +74,82 @@ def test_tuner_timer_visits_every_live_run_once_per_round_in_seeded_orders(monke
     assert visits == expected
     assert res[0] == pytest.approx([1.0] * 5) and res[1] == pytest.approx([2.0] * 5)
     assert isinstance(res[2], RuntimeError)
+
+
+class _Spun:
+    """The event recorded after a spin: ``query()`` says whether the spin was over."""
+
+    def __init__(self, over: bool) -> None:
+        self.over = over
+
+    def query(self) -> bool:
+        return self.over
+
+
+def test_tuner_timer_retakes_samples_whose_spin_ended_too_soon(monkeypatch) -> None:
+    """A sample whose spin was over before the host had queued its launches (the GPU may have
+    waited for the host) is dropped and taken again after a spin twice as long; after
+    ``SPIN_RETRIES`` such samples a run's samples count as they are."""
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tune, "_spin_rate", lambda device: 1000.0)
+    monkeypatch.setattr(tune, "_warm", lambda run, warmup: (1.0, 1.0))  # host-bound: spins before each sample
+    monkeypatch.setattr(tune, "SETTLE_MS", 0.0)
+    monkeypatch.setattr(tune, "GROUP_SAMPLE_MS", 1.0)  # one launch per sample
+    spins: dict[int, list[float]] = {0: [], 1: []}
+    late = {0: [True, True], 1: [True] * 20}  # run 0: two spins too short; run 1: always too short
+    order: list[int] = []  # the runs in the order the rounds visit them (each spin precedes one)
+    real_round_order = tune.round_order
+
+    def round_order(items, rng):
+        visit = real_round_order(items, rng)
+        order.extend(visit)
+        return visit
+
+    def spin(ms: float, rate: float) -> _Spun:
+        i = order.pop(0)
+        spins[i].append(ms)
+        return _Spun(late[i].pop(0) if late[i] else False)
+
+    monkeypatch.setattr(tune, "round_order", round_order)
+    monkeypatch.setattr(tune, "_spin", spin)
+
+    def make(ms: float):
+        def run() -> None:
+            _Event.clock += ms
+
+        return run
+
+    res = tune.interleaved_event_timer([make(1.0), make(2.0)], warmup=1, reps=3, seed=1)
+    assert res[0] == pytest.approx([1.0] * 3) and res[1] == pytest.approx([2.0] * 3)
+    ahead = 1.0 * 1 * 1.25 + 0.05  # host ms x launches x 1.25 + 0.05
+    assert spins[0] == pytest.approx([ahead, 2 * ahead, 4 * ahead, 4 * ahead, 4 * ahead])
+    # run 1: SPIN_RETRIES retakes, each spin twice the last, then its samples count as they are
+    assert len(spins[1]) == tune.SPIN_RETRIES + 3
+    assert spins[1][: tune.SPIN_RETRIES + 1] == pytest.approx([ahead * 2**k for k in range(tune.SPIN_RETRIES + 1)])
+
+
+def test_spin_rate_is_the_fastest_of_three_calibrations(monkeypatch) -> None:
+    """An idle GPU runs the first calibration spin at a low clock; the rate comes from the
+    fastest of three, so the tuner's spins last at least as long as meant."""
+    times = iter([2.9, 0.6, 0.5])  # ms per calibration spin: the clock ramps up
+
+    class Ev:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, other: "Ev") -> float:
+            return next(times)
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(tune, "_cycles_per_ms", {})
+    assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)
+    assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)  # measured once per device

@@ -237,7 +237,11 @@ def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], tc: Any, 
     tuned_fns = {n: fns[n] for n in names if n in fns}
     us = host_medians(tuned_fns, settings.host_rounds, settings.host_calls, warmup=min(500, settings.host_calls))
     res: dict[str, Any] = {"us": us, "plan": _plan_words(plan), "heuristic_plan": None if before is None else _plan_words(before),
-                           "speedup": plan.tuning.get("speedup")}  # fmt: skip
+                           "speedup": plan.tuning.get("speedup"), "rule": plan.tuning.get("rule"),
+                           "tuning": plan.tuning}  # fmt: skip
+    from ..plans.tune import format_record  # noqa: PLC0415
+
+    log(format_record(plan.tuning, indent="  "))
     if HOST_YARDSTICK in us:
         res["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
     log("host us per cached forward, autotuned plan (" + res["plan"] + "): "

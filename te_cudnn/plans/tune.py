@@ -104,6 +104,11 @@ MIN_SAMPLE_MS = 1.0
 SPLIT_ROUNDS = 5
 MAX_INNER = 50
 MAX_SPIN_MS = 200.0
+#: A sample whose spin ended before the host had queued it is taken again with twice the spin, at
+#: most this many times per run (then it counts as it is).
+SPIN_RETRIES = 4
+#: The length of the spins that measure ``torch.cuda._sleep``'s rate (0.5 ms at 2 GHz).
+SPIN_CALIBRATION_CYCLES = 1_000_000
 #: :func:`interleaved_event_timer`: a sample lasts at least this long, and the GPU runs this long
 #: under load before the rounds start (the clock under a power limit is what training sees).
 GROUP_SAMPLE_MS = 5.0
@@ -752,7 +757,12 @@ _cycles_per_ms: dict[int, Optional[float]] = {}
 
 
 def _spin_rate(device: int) -> Optional[float]:
-    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured once per device."""
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured once per device: the
+    fastest of three spins in a row. ``_sleep`` counts clock cycles, and a GPU that was idle
+    runs the first spin at a low clock; a rate read there made every later spin (at the clock
+    under load) a fraction as long as meant, too short to hide the host's launches. The
+    highest rate gives spins at least as long as meant. A spin that still ends too soon is
+    caught where it is used (:func:`_spin_ended`)."""
     if device in _cycles_per_ms:
         return _cycles_per_ms[device]
     import torch  # noqa: PLC0415
@@ -761,17 +771,37 @@ def _spin_rate(device: int) -> Optional[float]:
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is not None:
         try:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            sleep(1_000_000)
-            e.record()
-            e.synchronize()
-            ms = s.elapsed_time(e)
-            rate = 1_000_000 / ms if ms > 0 else None
+            rates = []
+            for _ in range(3):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                sleep(SPIN_CALIBRATION_CYCLES)
+                e.record()
+                e.synchronize()
+                ms = s.elapsed_time(e)
+                if ms > 0:
+                    rates.append(SPIN_CALIBRATION_CYCLES / ms)
+            rate = max(rates) if rates else None
         except Exception:  # noqa: BLE001 - spinning is an optimisation of the measurement
             rate = None
     _cycles_per_ms[device] = rate
     return rate
+
+
+def _spin(ms: float, rate: float) -> Any:
+    """Spin the current stream for about ``ms`` and return an event recorded right after it."""
+    import torch  # noqa: PLC0415
+
+    torch.cuda._sleep(int(ms * rate))
+    spun = torch.cuda.Event()
+    spun.record()
+    return spun
+
+
+def _spin_ended(spun: Any) -> bool:
+    """True when the spin before a sample was over by the time the host had queued the sample's
+    launches: the GPU may have waited for the host, so the sample may include host time."""
+    return spun is not None and bool(spun.query())
 
 
 def _warm(run: Callable[[], None], warmup: int) -> tuple[float, float]:
@@ -808,14 +838,19 @@ def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = N
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(max(reps, 1))]
     rate = _spin_rate(torch.cuda.current_device())
     ahead = min(host_ms * inner * len(events) * 1.25 + 0.5, MAX_SPIN_MS)
-    if rate and host_ms > estimate * 0.5:  # launches would starve the GPU: queue them behind a spin
-        torch.cuda._sleep(int(ahead * rate))
-    for start, end in events:
-        start.record()
-        for _ in range(inner):
-            run()
-        end.record()
-    torch.cuda.synchronize()
+    spin = bool(rate) and host_ms > estimate * 0.5  # launches would starve the GPU: queue them behind a spin
+    for _ in range(SPIN_RETRIES + 1):
+        spun = _spin(ahead, rate) if spin else None
+        for start, end in events:
+            start.record()
+            for _ in range(inner):
+                run()
+            end.record()
+        late = _spin_ended(spun)
+        torch.cuda.synchronize()
+        if not late or ahead >= MAX_SPIN_MS:
+            break
+        ahead = min(ahead * 2, MAX_SPIN_MS)  # the spin ended before the host was done: longer, again
     return [start.elapsed_time(end) / inner for start, end in events]
 
 
@@ -861,11 +896,14 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
         for _ in range(int(min(max(1, SETTLE_MS / max(estimate_ms, 1e-3)), MAX_SETTLE_LAUNCHES))):
             runs[first]()
     rng = order_rng(seed)
-    for _ in range(max(reps, 1)):
+    late_samples = [0] * n
+    for _ in range(max(reps, 1) + SPIN_RETRIES):
+        pending = [i for i in live if len(results[i]) < max(reps, 1)]
+        if not pending:
+            break
         events = []
-        for i in round_order(live, rng):
-            if ahead[i]:
-                torch.cuda._sleep(int(ahead[i] * rate))
+        for i in round_order(pending, rng):
+            spun = _spin(ahead[i], rate) if ahead[i] else None
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             try:
                 start.record()
@@ -875,11 +913,18 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
             except Exception as exc:  # noqa: BLE001
                 results[i] = exc
                 continue
-            events.append((i, start, end))
+            events.append((i, start, end, _spin_ended(spun)))
         torch.cuda.synchronize()
-        for i, start, end in events:
-            if isinstance(results[i], list):
-                results[i].append(start.elapsed_time(end) / inner[i])
+        for i, start, end, late in events:
+            if not isinstance(results[i], list):
+                continue
+            if late and ahead[i] < MAX_SPIN_MS and late_samples[i] < SPIN_RETRIES:
+                # the spin ended before the host had queued the sample (a GPU clock above the one
+                # the spin rate was read at): the sample may hold host time; spin longer, time again
+                late_samples[i] += 1
+                ahead[i] = min(ahead[i] * 2, MAX_SPIN_MS)
+                continue
+            results[i].append(start.elapsed_time(end) / inner[i])
         live = [i for i in live if isinstance(results[i], list)]
     return results
 
