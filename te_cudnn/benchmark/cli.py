@@ -90,7 +90,7 @@ def _add_options(add: Any) -> None:
     add("--mode-seconds", type=_seconds, default=None, help="timing seconds per case and mode (fwd, bwd, fwd+bwd); "
         "more seconds give more rounds and narrower intervals (default 1.2; --quick 0.4; at least 5 rounds, 3 with "
         "--quick, at most --rounds)")
-    add("--max-seconds", type=float, default=None, help="start no case after this many seconds (default 480; "
+    add("--max-seconds", type=float, default=None, help="start no case after this many seconds (default 600; "
                                                         "--quick 150)")
     add("--no-graphs", action="store_true", help="eager timing only (no CUDA-graph replay)")
     add("--lead-ms", type=_milliseconds, default=None, help="untimed work of the same contender before each timed sample, "
