@@ -153,3 +153,32 @@ def test_spin_rate_is_the_fastest_of_three_calibrations(monkeypatch) -> None:
     monkeypatch.setattr(tune, "_cycles_per_ms", {})
     assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)
     assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)  # measured once per device
+
+
+def test_single_run_timer_takes_its_samples_again_after_a_short_spin(monkeypatch) -> None:
+    """``cuda_event_timer`` (the FP8 split timings): when the spin before the samples was over
+    before the host had queued them, all samples are taken again after a spin twice as long."""
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tune, "_spin_rate", lambda device: 1000.0)
+    monkeypatch.setattr(tune, "_warm", lambda run, warmup: (1.0, 1.0))  # host-bound: one spin before the samples
+    monkeypatch.setattr(tune, "MIN_SAMPLE_MS", 1.0)  # one launch per sample
+    spins: list[float] = []
+    late = [True]
+
+    def spin(ms: float, rate: float) -> _Spun:
+        spins.append(ms)
+        return _Spun(late.pop(0) if late else False)
+
+    monkeypatch.setattr(tune, "_spin", spin)
+    calls = []
+
+    def run() -> None:
+        calls.append(1)
+        _Event.clock += 1.5
+
+    samples = tune.cuda_event_timer(run, warmup=1, reps=4)
+    assert samples == pytest.approx([1.5] * 4)
+    ahead = 1.0 * 1 * 4 * 1.25 + 0.5  # host ms x launches x samples x 1.25 + 0.5
+    assert spins == pytest.approx([ahead, 2 * ahead]) and len(calls) == 8  # the samples taken twice

@@ -830,7 +830,9 @@ def cuda_event_timer(run: Callable[[], None], candidate: Optional[Candidate] = N
     ``warmup`` launches, then ``reps`` samples between CUDA events, each of enough launches to
     last about :data:`MIN_SAMPLE_MS`. Before the samples the stream spins (``torch.cuda._sleep``)
     for as long as the host needs to queue them all, so host launch overhead is not timed: the
-    samples measure the GPU's back-to-back execution."""
+    samples measure the GPU's back-to-back execution. When the spin was over before the host had
+    queued them, the samples are taken again with twice the spin (at most :data:`SPIN_RETRIES`
+    times)."""
     import torch  # noqa: PLC0415
 
     host_ms, estimate = _warm(run, warmup)
@@ -872,7 +874,9 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
     1.72 ms, while a full benchmark measured the heuristic plan at 1.9-2.0 ms in sustained runs
     (``benchmarks/2026-11-26-h100-sdpa-implementation/``,
     ``benchmarks/2026-11-26-h100-tune-interleaved/``). Launches of a host-bound run are
-    queued behind a spin of the stream so that host time is not timed."""
+    queued behind a spin of the stream so that host time is not timed; a sample whose spin was
+    over before the host had queued it is taken again in a later round with twice the spin (at
+    most :data:`SPIN_RETRIES` times per run)."""
     import torch  # noqa: PLC0415
 
     n = len(runs)
