@@ -793,3 +793,18 @@ def test_host_autotuned_plan_not_measured_says_why(results: dict) -> None:
     del results["host"]["tuned"]
     md = report.to_markdown(results)
     assert "autotuned plan" not in md.split("## Host time per cached call")[1].split("##")[0]
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in (REPO / "tools").glob("*.py")))
+def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
+    """The probes run on the GPU machine only; importing each one here (as ``python tools/x.py``
+    would, with ``tools/`` on the path) catches a broken import or a name error at module level
+    before a GPU session is spent on it. Each one says what it measures."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        module = importlib.import_module(script)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    assert module.__doc__ and module.__doc__.strip(), f"tools/{script}.py has no docstring"

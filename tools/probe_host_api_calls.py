@@ -20,8 +20,9 @@ import json
 import torch
 
 import te_cudnn as tc
-from te_cudnn import ops
 from te_cudnn.benchmark.handbuilt import HandGraphs
+
+from host_problem import host_problem  # tools/ (on sys.path when run as a script)
 
 #: profiler event names that are CUDA runtime / driver API calls (the host side of a launch)
 _API_PREFIXES = ("cuda", "cu")
@@ -58,15 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    b, h, s, d = 1, 1, 64, 64
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, s, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
-    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
-    o_pre, aux = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    st_pre = torch.empty_like(aux[0])
-    prep = next(p for p in ops._fwd_memo.values() if p.cfg.sq == s and p.cfg.h == h and p.cfg.b == b)
-    plan = prep.get_plan()
+    hp = host_problem()
+    s, q, k, v, cu, kw, plan = hp.s, hp.q, hp.k, hp.v, hp.cu, hp.kw, hp.plan
+    o_pre, st_pre = torch.empty_like(hp.out), torch.empty_like(hp.stats)
     qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
     hand_inf = HandGraphs(qb, kb, vb, training=False, causal=False)
     hand_st = HandGraphs(qb, kb, vb, training=True, causal=False, d_o=torch.randn_like(q).permute(0, 2, 1, 3))

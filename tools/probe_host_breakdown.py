@@ -31,6 +31,8 @@ import te_cudnn as tc
 from te_cudnn import launch, ops
 from te_cudnn.benchmark.handbuilt import HandGraphs
 
+from host_problem import host_problem  # tools/ (on sys.path when run as a script)
+
 
 def timed(fns: dict[str, tuple[Callable[[], object], Callable[[], None], Callable[[], None]]], rounds: int,
           calls: int) -> dict[str, float]:  # fmt: skip
@@ -64,15 +66,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    b, h, s, d = 1, 1, 64, 64
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, s, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
-    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
-    o_pre, aux = tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    st_pre = torch.empty_like(aux[0])
-    prep = next(p for p in ops._fwd_memo.values() if p.cfg.sq == s and p.cfg.h == h and p.cfg.b == b)
-    plan = prep.get_plan()
+    hp = host_problem()
+    b, h, s, d = 1, 1, hp.s, 64
+    q, k, v, cu, kw, prep, plan = hp.q, hp.k, hp.v, hp.cu, hp.kw, hp.prep, hp.plan
+    o_pre, st_pre = hp.out, torch.empty_like(hp.stats)
     print(f"plan {plan.plan_name}, launch mode {plan.launch.mode}, plain path {prep.plain}")
     qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
     hand_inf = HandGraphs(qb, kb, vb, training=False, causal=False)

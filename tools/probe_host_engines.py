@@ -24,11 +24,12 @@ from array import array
 
 import torch
 
-import te_cudnn as tc
-from te_cudnn import ops
+from te_cudnn.plans import tune
 from te_cudnn.plans.execute import PlanLauncher
 from te_cudnn.plans.handles import handle_for
-from te_cudnn.plans import tune
+
+from host_problem import host_problem  # tools/ (on sys.path when run as a script)
+from probe_host_api_calls import profile_calls
 
 
 def main(argv=None) -> int:
@@ -41,12 +42,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.knobs:
         os.environ[tune.KNOBS_ENV] = str(a.knobs)
-    b, h, s, d = 1, 1, a.s, 64
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
-    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
-    tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    prep = next(p for p in ops._fwd_memo.values() if p.cfg.sq == s and p.cfg.h == h and p.cfg.b == b)
+    hp = host_problem(a.s)
+    b, h, s, d, prep = 1, 1, hp.s, 64, hp.prep
     key = prep.key
     backend = prep.backend
     t0 = time.perf_counter()
@@ -101,8 +98,6 @@ def main(argv=None) -> int:
                 fn()
             host[i].append((time.perf_counter() - t) / a.calls * 1e6)
             torch.cuda.synchronize()
-    from probe_host_api_calls import profile_calls  # noqa: PLC0415 - tools/ is on sys.path when run as a script
-
     rows = []
     for i in fns:
         c = launchers[i][0]
