@@ -16,8 +16,8 @@ __all__ = ["TeCudnn", "TeCudnnRun", "TeCudnnDecode", "TeCudnnDecodeRun", "autotu
 
 
 def autotuning_context() -> Optional[Callable[[], Any]]:
-    """``te_cudnn.plans.tune.autotuning(True)`` as a context factory, or None where the
-    module is absent (another branch adds it)."""
+    """``te_cudnn.plans.tune.autotuning(True)`` as a context factory (the te_cudnn autotuned
+    contenders and the host section's tuned rounds), or None where the module cannot be imported."""
     try:
         from ..plans.tune import autotuning  # type: ignore[import-not-found]  # noqa: PLC0415
     except ImportError:
