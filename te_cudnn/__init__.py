@@ -35,6 +35,7 @@ from .layouts import get_qkv_layout
 from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
 from .plans import plan_cache
 from .sdpa import scaled_dot_product_attention
+from .varlen import BatchLengths, reuse_lengths
 from .policy import backend_policy
 
 __version__ = "0.1.0"
@@ -46,5 +47,6 @@ __all__ = [
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
     "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
     "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",
-    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CaptureMissError", "__version__",
+    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CaptureMissError", "BatchLengths", "reuse_lengths",
+    "__version__",
 ]  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from . import torch_ops
 from .enums import FusedAttnBackend
 from .ops import fused_attn_bwd, fused_attn_fwd
+from .varlen import BatchLengths
 from .torch_ops import _is_compiling, use_custom_ops
 
 __all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "attend", "Fp8FusedAttnFunc", "fp8_attention"]
@@ -136,7 +137,7 @@ def _readable_grad(g: torch.Tensor) -> torch.Tensor:
     return g.contiguous()
 
 
-_FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training", "softmax_offset")
+_FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training", "softmax_offset", "lengths")
 #: The options :class:`Fp8FusedAttnFunc` passes on (it has no bias, dropout or window).
 _FP8_OPTIONS = ("qkv_layout", "attn_mask_type", "attn_scale", "deterministic", "fused_attention_backend")
 
@@ -155,18 +156,23 @@ class FusedAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen,
-                options, softmax_offset=None):  # fmt: skip
+                options, softmax_offset=None, lengths=None):  # fmt: skip
+        padded = _padded(options)
+        if lengths is None and cu_seqlens_q is not None:  # the backward uses the lengths this forward derives
+            lengths = BatchLengths(cu_seqlens_q, cu_seqlens_kv, padded.get("cu_seqlens_q_padded"),
+                                   padded.get("cu_seqlens_kv_padded"))  # fmt: skip
         out, aux = fused_attn_fwd(
             is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype,
             options.fused_attention_backend, attn_bias=attn_bias, attn_scale=options.attn_scale,
             dropout=options.dropout, qkv_layout=options.qkv_layout, attn_bias_type=options.attn_bias_type,
             attn_mask_type=options.attn_mask_type, softmax_type=options.softmax_type,
             window_size=options.window_size, bottom_right_diagonal=options.bottom_right_diagonal, rng_gen=rng_gen,
-            softmax_offset=softmax_offset, **_padded(options),
+            softmax_offset=softmax_offset, lengths=lengths, **padded,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, *aux)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_kv)
         ctx.options = options
+        ctx.lengths = lengths
         return out
 
     @staticmethod
@@ -178,9 +184,9 @@ class FusedAttnFunc(torch.autograd.Function):
             o.fused_attention_backend, attn_scale=o.attn_scale, dropout=o.dropout, qkv_layout=o.qkv_layout,
             attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type, softmax_type=o.softmax_type,
             window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal, deterministic=o.deterministic,
-            **_padded(o),
+            lengths=ctx.lengths, **_padded(o),
         )  # fmt: skip
-        return None, None, None, None, None, dq, dk, dv, dbias, None, None, d_offset
+        return None, None, None, None, None, dq, dk, dv, dbias, None, None, d_offset, None
 
 
 def fused_attention(
@@ -194,6 +200,7 @@ def fused_attention(
     rng_gen: Optional[torch.Generator] = None,
     is_training: Optional[bool] = None,
     softmax_offset: Optional[torch.Tensor] = None,
+    lengths: Optional[BatchLengths] = None,
     **options: Any,
 ) -> torch.Tensor:
     """Differentiable fused attention with keyword options (see :class:`AttnOptions`).
@@ -201,18 +208,22 @@ def fused_attention(
     Sequence lengths are read off q and k for the layout's format; ``is_training`` defaults
     to ``torch.is_grad_enabled()``. Attention sinks: ``softmax_type="learnable"`` with
     ``softmax_offset`` (fp32 ``[1, h, 1, 1]``, differentiable) or ``"off_by_one"`` (no offset
-    needed). An unknown keyword raises ``TypeError`` naming it and listing the accepted ones.
+    needed). ``lengths``: a :class:`te_cudnn.BatchLengths` of ``cu_seqlens_q/kv``, built once
+    per batch and passed to every layer, reuses the lengths the first layer derived (without
+    it, every call derives them; the backward always reuses its forward's). An unknown keyword
+    raises ``TypeError`` naming it and listing the accepted ones.
     """
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
     q_dim, kv_dim, _ = _facts(opts.qkv_layout)
     if is_training is None:
         is_training = torch.is_grad_enabled()
     return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[q_dim], k.shape[kv_dim], is_training,
-                  rng_gen, opts, softmax_offset=softmax_offset)  # fmt: skip
+                  rng_gen, opts, softmax_offset=softmax_offset, lengths=lengths)  # fmt: skip
 
 
 def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training, rng_gen,
-           opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, softmax_offset=None) -> torch.Tensor:  # fmt: skip
+           opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, softmax_offset=None,
+           lengths=None) -> torch.Tensor:  # fmt: skip
     """The one dispatch point of the differentiable F16 attention (``fused_attention``, the
     module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph,
     :class:`FusedAttnFunc` over the plans in eager mode."""
@@ -232,7 +243,7 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
         opts = replace(opts, extra={**opts.extra, "cu_seqlens_padded": (cu_seqlens_q_padded, cu_seqlens_kv_padded)})
     return FusedAttnFunc.apply(
         is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts,
-        softmax_offset,
+        softmax_offset, lengths,
     )
 
 

@@ -32,7 +32,6 @@ takes none there; ``te_cudnn.explain`` gives the reason).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -47,6 +46,7 @@ from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
 from .ops import _Prepared, _dependent_caches, _meta, _prepare_fwd, fwd_call_args
+from .memo import SigMemo
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 
@@ -55,7 +55,6 @@ __all__ = ["fused_attn_decode"]
 _INT32 = torch.int32
 _is_compiling = torch.compiler.is_compiling
 _F16 = (torch.float16, torch.bfloat16)
-_MEMO_LIMIT = 1024
 
 
 @dataclass(eq=False)
@@ -71,8 +70,17 @@ class _Decode:
     fill: bool  # zero O first: the causal / windowed masks leave rows that see no key unwritten
 
 
-_memo: dict[tuple, _Decode] = {}
-_memo_lock = threading.Lock()
+#: Parameters of :func:`fused_attn_decode` that are per-call data, never part of its call
+#: signature: their values are read on the device by every launch.
+DECODE_PER_CALL = {
+    "cache_seqlens": "values read by every launch; dtype, shape and device checked per call, a strided or "
+                     "unaligned view copied into a dense buffer",
+    "page_table": "values read by every launch (its shape is keyed); dtype, device, contiguity and alignment "
+                  "checked per call",
+    "return_softmax_lse": "what is returned, not what is computed (the stats are always written)",
+}
+
+_memo = SigMemo(max_entries=1024)
 _dependent_caches.append(_memo)  # forgotten with the forward's memo (ops.forget_prepared)
 
 
@@ -137,7 +145,7 @@ def fused_attn_decode(
             None if page_table is None else page_table.shape, attn_scale,
             window_size if window_size.__class__ is tuple else tuple(window_size), _meta(out), _policy_token(),
         )  # fmt: skip
-        dec = _memo.get(sig)
+        dec = _memo.find(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors, unhashable options
         sig = dec = None
     if dec is None:
@@ -146,8 +154,8 @@ def fused_attn_decode(
     # runtime data, not in the signature: checked on every call (a few attribute reads)
     if (cache_seqlens.__class__ is not torch.Tensor or cache_seqlens.dtype is not _INT32
             or cache_seqlens.shape != (dec.b,) or cache_seqlens.device != prep.device
-            or cache_seqlens.data_ptr() & 15):  # fmt: skip
-        _check_seqlens(cache_seqlens, dec.b, prep.device)
+            or cache_seqlens.data_ptr() & 15 or not cache_seqlens.is_contiguous()):  # fmt: skip
+        cache_seqlens = _seqlens_operand(cache_seqlens, dec.b, prep.device)
     if dec.pages_shape is not None and (
         page_table.dtype is not _INT32 or page_table.device != prep.device or not page_table.is_contiguous()
         or page_table.data_ptr() & 15
@@ -195,9 +203,17 @@ def _check_seqlens(t: Any, b: int, device: torch.device) -> None:
         raise ValueError(f"cache_seqlens must have shape [b] = [{b}], got {list(t.shape)}")
     if t.device != device:
         raise ValueError(f"cache_seqlens is on {t.device} but q is on {device}")
-    if t.data_ptr() % 16:
-        raise ValueError(f"cache_seqlens must start on a 16-byte boundary (cuDNN reads it in place), got data_ptr % 16 "
-                         f"= {t.data_ptr() % 16}")  # fmt: skip
+
+
+def _seqlens_operand(t: Any, b: int, device: torch.device) -> torch.Tensor:
+    """``cache_seqlens`` as cuDNN reads it: the tensor itself when it is a dense, 16-byte aligned
+    int32 ``[b]``; a strided view (a column of a struct-of-arrays ``[b, n]`` table) or an
+    unaligned one is copied into a dense buffer first (one small kernel on the caller's stream,
+    captured into CUDA graphs like the launch, so a replay reads the table's current values)."""
+    _check_seqlens(t, b, device)
+    if t.is_contiguous() and not t.data_ptr() & 15:
+        return t
+    return torch.empty(b, dtype=torch.int32, device=device).copy_(t)
 
 
 def _check_page_table(t: Any, b: int, device: torch.device) -> None:
@@ -275,10 +291,6 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
         pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
         fill=mask != "padding",
     )  # fmt: skip
-    if sig is not None:
-        with _memo_lock:
-            if len(_memo) >= _MEMO_LIMIT:
-                _memo.clear()
-            _memo[sig] = dec
+    _memo.remember(sig, dec)
     return dec
 

@@ -45,6 +45,7 @@ from .enums import (
     SoftmaxType,
 )
 from .layouts import alloc_qkv_grads, layout_info
+from .memo import TEMPLATE_BYTES, SigMemo
 from .plans import CompiledPlan, handle_for, make_key, plan_cache
 from .plans.cache import next_tick
 from .plans.cache import log_plan_outcome as _log_plan_outcome
@@ -63,7 +64,8 @@ from .launch import launch as _launch
 from .launch import misaligned as _misaligned
 from .launch import release_workspaces
 from .launch import seed_offset as _seed_offset
-from .varlen import cached_runtime_buffers as _cached_runtime_buffers
+from .varlen import BatchLengths
+from .varlen import buffers_for as _buffers_for
 from .varlen import check_runtime_tensors as _check_runtime_tensors
 from .varlen import length_fields as _length_fields
 from .varlen import mult_fields as _mult_fields
@@ -73,7 +75,27 @@ __all__ = ["fused_attn_fwd", "fused_attn_bwd", "get_fused_attn_backend", "explai
 
 _log = logging.getLogger("te_cudnn")
 
-_MEMO_LIMIT = 4096  # distinct call signatures remembered (each entry is a few hundred bytes)
+#: Parameters of :func:`fused_attn_fwd` that are per-call data, never part of its call
+#: signature (a repeated signature skips validation; everything else is keyed). What each
+#: one's values do, and what is checked on every call.
+FWD_PER_CALL = {
+    "cu_seqlens_q": "values: the lengths are derived from them on the device by every call (or taken from "
+                    "lengths=); whether it is given is keyed; dtype, device and size checked per call where read",
+    "cu_seqlens_kv": "as cu_seqlens_q",
+    "cu_seqlens_q_padded": "as cu_seqlens_q (token offsets of THD tensors)",
+    "cu_seqlens_kv_padded": "as cu_seqlens_q_padded",
+    "page_table_k": "values read by every launch; its shape is keyed; dtype, device and contiguity checked per call",
+    "page_table_v": "as page_table_k",
+    "rng_gen": "the generator dropout draws from, read by every call",
+    "rng_state": "dropout's seed and offset, read by every call; dtype, shape and device checked per call",
+    "fast_zero_fill": "accepted for TransformerEngine compatibility; results are zero where promised either way",
+    "lengths": "a BatchLengths of this call's cu_seqlens tensors, checked by identity on every call",
+}
+
+#: Parameters of :func:`fused_attn_bwd` that are per-call data (see :data:`FWD_PER_CALL`).
+BWD_PER_CALL = {name: FWD_PER_CALL[name] for name in (
+    "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "fast_zero_fill", "lengths")}
+
 
 
 @dataclass(eq=False)
@@ -131,35 +153,8 @@ class _Prepared:
         return plan
 
 
-class _SigMemo(dict):
-    """Call signature -> its prepared call, and ``last``: the (signature, prepared call) pair
-    found last. Repeated calls of one signature (every layer of a model) match ``last`` with one
-    tuple comparison instead of hashing the ~30-field signature and comparing it as well."""
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last: tuple = _NO_LAST
-
-    def find(self, sig: tuple) -> Optional[_Prepared]:
-        """The prepared call of ``sig``, or None (a method call costs ~12 ns more than inline)."""
-        last = self.last
-        if last[0] == sig:
-            return last[1]
-        prep = self.get(sig)
-        if prep is not None:
-            self.last = (sig, prep)
-        return prep
-
-    def clear(self) -> None:
-        self.last = _NO_LAST
-        super().clear()
-
-
-_NO_LAST: tuple = ((), None)  # () equals no signature (different length: one comparison)
-_fwd_memo: _SigMemo = _SigMemo()
-_bwd_memo: _SigMemo = _SigMemo()
+_fwd_memo = SigMemo()
+_bwd_memo = SigMemo()
 _memo_lock = threading.Lock()
 _zero_rng: dict[int, torch.Tensor] = {}
 
@@ -178,13 +173,8 @@ def forget_prepared() -> None:
             cache.clear()
 
 
-def _remember(memo: dict[tuple, _Prepared], sig: Optional[tuple], prepared: _Prepared) -> None:
-    if sig is None:
-        return
-    with _memo_lock:
-        if len(memo) >= _MEMO_LIMIT:
-            memo.clear()
-        memo[sig] = prepared
+def _remember(memo: SigMemo, sig: Optional[tuple], prepared: _Prepared) -> None:
+    memo.remember(sig, prepared)
 
 
 def _meta(t: Optional[torch.Tensor]) -> Any:
@@ -223,10 +213,10 @@ def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
 
 
 #: Result templates up to this size are real contiguous tensors: ``torch.empty_like`` of a
-#: dense tensor skips the memory-format inference a non-dense one needs (0.27 us per result on
-#: an H100 host, ``tools/probe_host_breakdown.py``), which counts on the small shapes whose
-#: calls are host-bound. Larger results use an expanded 1-element tensor, which holds no memory.
-_DENSE_TEMPLATE_BYTES = 16384
+#: dense tensor skips the memory-format inference a non-dense one needs, which counts on the
+#: small shapes whose calls are host-bound. Larger results use an expanded 1-element tensor,
+#: which holds no memory. The memos bound what their templates hold (te_cudnn.memo).
+_DENSE_TEMPLATE_BYTES = TEMPLATE_BYTES
 
 
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -527,6 +517,7 @@ def fused_attn_fwd(
     out: Optional[torch.Tensor] = None,
     softmax_lse: Optional[torch.Tensor] = None,
     rng_state: Optional[torch.Tensor] = None,
+    lengths: Optional[BatchLengths] = None,
     _prepared: Optional[list] = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
@@ -559,6 +550,10 @@ def fused_attn_fwd(
     returned instead of new tensors. Keyword-only ``rng_state`` (int64 ``[2]`` on the device:
     Philox seed, offset) is used for dropout instead of drawing from ``rng_gen``, and returned
     as ``aux_ctx_tensors[1]`` (te_cudnn's custom ops pass one drawn on the device).
+    Keyword-only ``lengths`` (a :class:`te_cudnn.BatchLengths` of this call's ``cu_seqlens*``)
+    reuses the lengths and offsets that an earlier call of the same batch derived; without it,
+    a padding-mask or THD call derives them on the device from ``cu_seqlens*`` on every call,
+    so the answer never depends on how the caller wrote them.
     (``_prepared`` is internal: a list that receives the call's prepared description, which
     the custom ops keep to launch later calls of the same kind directly.)
 
@@ -630,7 +625,7 @@ def fused_attn_fwd(
             attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, softmax_type=softmax_type,
             window_size=window_size, bottom_right_diagonal=bottom_right_diagonal, rng_gen=rng_gen,
             softmax_offset=softmax_offset, return_max_logit=return_max_logit, cuda_graph=cuda_graph, out=out,
-            softmax_lse=softmax_lse, rng_state=rng_state,
+            softmax_lse=softmax_lse, rng_state=rng_state, lengths=lengths,
         ))  # fmt: skip
     if _prepared is not None:
         _prepared.append(prep)
@@ -645,7 +640,7 @@ def fused_attn_fwd(
                q_scale_o_offset, amax_s, amax_s_offset, amax_o, amax_o_offset)  # fmt: skip
     return general_fwd(prep, q, k, v, out, softmax_lse, rng_state, rng_gen, attn_bias,
                        (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
-                       page_table_k, page_table_v, softmax_offset, fp8)  # fmt: skip
+                       page_table_k, page_table_v, softmax_offset, fp8, lengths)  # fmt: skip
 
 
 def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
@@ -679,7 +674,8 @@ def general_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                 softmax_lse: Optional[torch.Tensor], rng_state: Optional[torch.Tensor],
                 rng_gen: Optional[torch.Generator], attn_bias: Optional[torch.Tensor], cu_seqlens: tuple,
                 page_table_k: Optional[torch.Tensor], page_table_v: Optional[torch.Tensor],
-                softmax_offset: Optional[torch.Tensor], fp8: Optional[tuple]) -> tuple:  # fmt: skip
+                softmax_offset: Optional[torch.Tensor], fp8: Optional[tuple],
+                lengths: Optional[BatchLengths] = None) -> tuple:  # fmt: skip
     """Every forward that is not plain (a padding mask, THD, paging, a bias, a sink, the max
     logit, FP8, max512): checks the per-call tensors, allocates the results and binds the
     operands in the order of the sub-backend's graph (``operand_uids``): q, k, v, O, stats,
@@ -717,7 +713,7 @@ def general_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if sink is not None:  # FP8: after the scaling operands
             buffers.append(sink)
     if prep.varlen:
-        buffers += _cached_runtime_buffers(prep, *cu_seqlens)
+        buffers += _buffers_for(prep, cu_seqlens, lengths)
     elif prep.full_lens is not None:
         buffers += prep.full_lens
     if cfg.paged is not None:
@@ -928,6 +924,7 @@ def fused_attn_bwd(
     deterministic: bool = False,
     cuda_graph: bool = False,
     *,
+    lengths: Optional[BatchLengths] = None,
     _prepared: Optional[list] = None,
 ) -> list[Optional[torch.Tensor]]:
     """Fused attention backward (TransformerEngine 2.x's ``fused_attn_bwd``).
@@ -940,6 +937,8 @@ def fused_attn_bwd(
     post-scale bias or when the bias broadcasts over b, h and sq; ``d_softmax_offset`` (fp32
     ``[1, h, 1, 1]``) is None unless ``softmax_type="learnable"``. ``deterministic=True``
     asks cuDNN for a bit-reproducible backward (on Hopper its workspace grows as sq x skv).
+    Keyword-only ``lengths``: as in :func:`fused_attn_fwd`; pass the forward's to use the
+    lengths the forward used.
 
     Raises the same errors as :func:`fused_attn_fwd`.
     """
@@ -997,6 +996,7 @@ def fused_attn_bwd(
             fast_zero_fill=fast_zero_fill, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type,
             attn_mask_type=attn_mask_type, softmax_type=softmax_type, window_size=window_size,
             bottom_right_diagonal=bottom_right_diagonal, deterministic=deterministic, cuda_graph=cuda_graph,
+            lengths=lengths,
         ))  # fmt: skip
     if _prepared is not None:
         _prepared.append(prep)
@@ -1012,11 +1012,12 @@ def fused_attn_bwd(
                               q_scale_dqkv, q_scale_dqkv_offset, q_scale_dp, q_scale_dp_offset),
                amax_dp.narrow(0, amax_dp_offset, 1), amax_dqkv.narrow(0, amax_dqkv_offset, 1))  # fmt: skip
     return general_bwd(prep, q, k, v, o, d_o, aux_ctx_tensors,
-                       (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded), fp8)
+                       (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded), fp8, lengths)
 
 
 def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, d_o: torch.Tensor,
-                aux: Sequence[torch.Tensor], cu_seqlens: tuple, fp8: Optional[tuple]) -> list[Optional[torch.Tensor]]:  # fmt: skip
+                aux: Sequence[torch.Tensor], cu_seqlens: tuple, fp8: Optional[tuple],
+                lengths: Optional[BatchLengths] = None) -> list[Optional[torch.Tensor]]:  # fmt: skip
     """Every backward that is not plain (a padding mask, THD, a bias, a sink, FP8, max512):
     checks the per-call tensors, allocates dQ, dK, dV (zeroed where cuDNN may leave rows
     unwritten) and binds the operands in the order of the sub-backend's graph
@@ -1035,7 +1036,7 @@ def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if fp8 is not None:
         split = chosen_split(plan.tuning)
         if split is not None:  # the autotuner measured that parts of the call are faster (te_cudnn.plans.split)
-            lens = _cached_runtime_buffers(prep, *cu_seqlens) if prep.varlen else []
+            lens = _buffers_for(prep, cu_seqlens, lengths) if prep.varlen else []
             return _split_bwd(prep, split, [q, k, v, o, aux[0], d_o], fp8[0], lens, fp8[1], fp8[2])
     dq, dk, dv = alloc_qkv_grads(cfg.layout, q, k, v, zero=prep.fill_grads, dtype=cfg.do_dtype)
     if prep.softmax_aux:
@@ -1065,7 +1066,7 @@ def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         buffers += fp8[0] + _fp8_bwd_amaxes(amax3, _slot(fp8[1], 0))
         buffers += sink_ops
     if prep.varlen:
-        buffers += _cached_runtime_buffers(prep, *cu_seqlens)
+        buffers += _buffers_for(prep, cu_seqlens, lengths)
     _execute(plan, buffers, prep.device)
     if cfg.has_dsink and not cfg.dsink_in_graph:
         d_sink = _sink_grad(cfg, o, d_o, aux[0], aux[prep.sink_index], cu_seqlens[0])

@@ -3,22 +3,24 @@
 A padding mask or a THD layout binds, besides q, k, v and the results, device tensors derived
 from the caller's ``cu_seqlens*`` (``te_cudnn.ragged``: ``[B, 1, 1, 1]`` lengths, ``[B + 1, 1,
 1, 1]`` element offsets; ``te_cudnn.row_fill``: the lengths remapped so cuDNN writes every
-row). They are a handful of tiny kernels on the caller's stream, computed once per set of
-``cu_seqlens`` tensors and reused (:func:`cached_runtime_buffers`):
+row). They are a handful of tiny kernels on the caller's stream, with no host sync.
 
-* eagerly, while the same tensor objects come back with unchanged contents (every layer of a
-  model, and the backward);
-* inside one CUDA-graph capture likewise, keyed by the driver's capture id: the graph
-  computes them once per replay, in the first call that needs them, and every later call of
-  the same capture reads them. Another capture never sees them.
+Where they come from (:func:`buffers_for`):
 
-The functions read the prepared call (``te_cudnn.ops._Prepared``) by attribute: ``cfg``,
-``lengths``, ``one_query``, ``mult_*``, ``runtime_kind``, ``device``, ``index``, ``cu_len``.
+* by default, from the ``cu_seqlens*`` of the call itself, derived on every call: the answer
+  never depends on how the caller wrote them (``.data``, DLPack, numpy, custom kernels, NCCL,
+  a CUDA-graph replay into a static buffer);
+* from a :class:`BatchLengths` the caller builds once per batch and passes to every layer
+  (``lengths=``): derived at the first call that needs them, reused by the later ones (and by
+  te_cudnn's autograd functions from the forward to its backward);
+* under :func:`reuse_lengths`, an explicit opt-in: reused while the same tensor objects come
+  back with the same version counter, which only sees writes made by torch operations.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+import contextlib
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -30,8 +32,8 @@ from .row_fill import Lengths, fills_grads, fills_out, length_remap
 if TYPE_CHECKING:
     from .ops import _Prepared
 
-__all__ = ["check_runtime_tensors", "cached_runtime_buffers", "runtime_buffers", "runtime_kind", "length_fields",
-           "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip
+__all__ = ["BatchLengths", "buffers_for", "reuse_lengths", "check_runtime_tensors", "cached_runtime_buffers",
+           "runtime_buffers", "runtime_kind", "length_fields", "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip
 
 _INT32 = torch.int32
 
@@ -57,12 +59,13 @@ def check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence
 
 
 
-#: Runtime buffers (lengths, ragged offsets) computed from cu_seqlens tensors, reused while the
-#: same tensor objects are passed with unchanged contents: every layer of a model, and the
-#: backward, reuse the first layer's. Keyed by the tensors' identity and version counter (any
-#: in-place write, through any view, bumps it), the stream and the CUDA-graph capture (None
-#: outside one); the entry holds the tensors, so their identity cannot pass to a new tensor
-#: while it is cached. A capture's entries hold buffers from its graph's pool, which every
+#: Under :func:`reuse_lengths` only: runtime buffers (lengths, ragged offsets) computed from
+#: cu_seqlens tensors, reused while the same tensor objects are passed with the same version
+#: counter. Torch's in-place operations bump it (through any view); writes through ``.data``,
+#: DLPack, numpy, custom kernels, NCCL or a CUDA-graph replay do not, which is why this is an
+#: opt-in. Keyed by the tensors' identity and version counter, the stream and the CUDA-graph
+#: capture (None outside one); the entry holds the tensors, so their identity cannot pass to a
+#: new tensor while it is cached. A capture's entries hold buffers from its graph's pool, which every
 #: replay recomputes where the first call computed them; no other capture, and no eager call,
 #: matches them (capture ids are never reused). They are dropped when a call outside that
 #: capture comes (an eager call or another capture): freed like any temporary of a captured
@@ -70,6 +73,119 @@ def check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence
 RUNTIME_CACHE_SIZE = 16
 runtime_cache: dict[tuple, tuple] = {}
 _capture_keys: list[tuple] = []  # the keys of the entries made during the latest capture
+
+
+_reuse_by_version = [False]  # reuse_lengths() in force (a list: read on every varlen call, set rarely)
+
+
+@contextlib.contextmanager
+def reuse_lengths(enabled: bool = True) -> Iterator[None]:
+    """Opt in to reusing the lengths derived from ``cu_seqlens*`` across calls that pass the
+    same tensor objects with the same version counter, for a block of code (process-wide).
+
+    Contract: inside the block, every write to a ``cu_seqlens*`` tensor that calls pass goes
+    through a torch operation that bumps its version counter (in-place torch ops, through any
+    view). Writes through ``.data``, a DLPack alias, numpy, Triton or custom kernels, NCCL or
+    the replay of a CUDA graph into a static buffer are not seen: a call after such a write
+    would use the old lengths. Prefer :class:`BatchLengths`, which says what is reused where
+    it is passed. Without the opt-in, lengths are derived on every call."""
+    before = _reuse_by_version[0]
+    _reuse_by_version[0] = bool(enabled)
+    if not enabled:
+        clear()
+    try:
+        yield
+    finally:
+        _reuse_by_version[0] = before
+        if not before:
+            clear()
+
+
+class BatchLengths:
+    """The per-sequence lengths and token offsets of one batch, derived on the device from its
+    ``cu_seqlens*`` once and reused by every call given it (``lengths=``): build one per batch
+    and pass it to every layer's call, as flash-attention's ``seqused_k`` or TransformerEngine's
+    inference parameters are built once per step.
+
+    ``BatchLengths(cu_seqlens_q, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
+    cu_seqlens_kv_padded=None)``: the same tensors the calls pass (checked by identity on every
+    call; ``cu_seqlens_kv=None`` means ``cu_seqlens_q``). The buffers are derived by the first
+    call that needs them, on that call's stream (per stream and per CUDA-graph capture), from
+    the values the tensors hold then. After writing new values into the tensors, call
+    :meth:`refresh` or build a new object; te_cudnn cannot see such writes.
+
+    te_cudnn's autograd functions hand the forward's lengths to the backward this way, so a
+    backward always uses the lengths its forward used."""
+
+    __slots__ = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "_derived")
+
+    def __init__(self, cu_seqlens_q: torch.Tensor, cu_seqlens_kv: Optional[torch.Tensor] = None,
+                 cu_seqlens_q_padded: Optional[torch.Tensor] = None,
+                 cu_seqlens_kv_padded: Optional[torch.Tensor] = None) -> None:  # fmt: skip
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv),
+                        ("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):  # fmt: skip
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"BatchLengths: {name} must be an int32 [b + 1] torch.Tensor or None, got "
+                                f"{type(t).__name__}")  # fmt: skip
+        if cu_seqlens_q is None:
+            raise TypeError("BatchLengths needs cu_seqlens_q (int32 [b + 1], the calls' cu_seqlens_q)")
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_kv = cu_seqlens_q if cu_seqlens_kv is None else cu_seqlens_kv
+        self.cu_seqlens_q_padded = cu_seqlens_q_padded
+        self.cu_seqlens_kv_padded = cu_seqlens_kv_padded
+        self._derived: dict[tuple, list[torch.Tensor]] = {}
+
+    def refresh(self) -> None:
+        """Forget the derived buffers: the next call derives them again from the tensors' values."""
+        self._derived.clear()
+
+    def matches(self, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> bool:
+        """Whether a call passes this batch's tensors (by identity)."""
+        return (cu_q is self.cu_seqlens_q and cu_kv is self.cu_seqlens_kv and cu_q_padded is self.cu_seqlens_q_padded
+                and cu_kv_padded is self.cu_seqlens_kv_padded)  # fmt: skip
+
+    def buffers(self, prep: _Prepared) -> list[torch.Tensor]:
+        """The buffers ``prep`` binds, derived once per (call kind, stream, capture)."""
+        stream, capture = current_raw_stream(prep.index), None
+        if stream and is_capturing():
+            capture = capture_id(prep.index)
+            if capture is None:  # the driver cannot say which capture this is: derived in every call
+                return runtime_buffers(prep, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
+                                       self.cu_seqlens_kv_padded)  # fmt: skip
+        key = (prep.runtime_kind, stream, capture)
+        got = self._derived.get(key)
+        if got is None:
+            got = self._derived[key] = runtime_buffers(prep, self.cu_seqlens_q, self.cu_seqlens_kv,
+                                                       self.cu_seqlens_q_padded, self.cu_seqlens_kv_padded)  # fmt: skip
+        return got
+
+    def __repr__(self) -> str:
+        b = self.cu_seqlens_q.shape[0] - 1 if self.cu_seqlens_q.dim() == 1 else "?"
+        return f"BatchLengths(b={b}, derived={len(self._derived)})"
+
+
+def check_lengths(lengths: Any, cu_seqlens: Sequence[Optional[torch.Tensor]]) -> None:
+    """A call's ``lengths`` must be a :class:`BatchLengths` of the call's own cu_seqlens tensors."""
+    if not isinstance(lengths, BatchLengths):
+        raise TypeError(f"lengths must be a te_cudnn.BatchLengths or None, got {type(lengths).__name__}")
+    if not lengths.matches(*cu_seqlens):
+        raise ValueError("lengths was built from other cu_seqlens tensors than the call passes (cu_seqlens_q, "
+                         "cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded are compared by identity); "
+                         "build BatchLengths from the tensors you pass, or pass lengths=None")  # fmt: skip
+
+
+def buffers_for(prep: _Prepared, cu_seqlens: Sequence[Optional[torch.Tensor]],
+                lengths: Optional[BatchLengths] = None) -> list[torch.Tensor]:  # fmt: skip
+    """The runtime buffers a variable-length call binds: from ``lengths`` when given (checked
+    against the call's cu_seqlens), from the version-keyed cache under :func:`reuse_lengths`,
+    else derived now from ``cu_seqlens`` (q, kv, q_padded, kv_padded)."""
+    if lengths is not None:
+        if lengths.__class__ is not BatchLengths or not lengths.matches(*cu_seqlens):
+            check_lengths(lengths, cu_seqlens)
+        return lengths.buffers(prep)
+    if _reuse_by_version[0]:
+        return cached_runtime_buffers(prep, *cu_seqlens)
+    return runtime_buffers(prep, *cu_seqlens)
 
 
 def clear() -> None:

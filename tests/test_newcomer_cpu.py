@@ -76,8 +76,8 @@ def test_fused_attention_unknown_keyword(kwargs: dict, hint: str) -> None:
     message = str(exc.value)
     assert message.startswith(f"fused_attention() got an unexpected keyword argument {name!r} {hint}; ")
     assert message.endswith(
-        "accepted keyword arguments: attn_bias, cu_seqlens_q, cu_seqlens_kv, rng_gen, is_training, softmax_offset, qkv_layout, "
-        "attn_mask_type, attn_bias_type, attn_scale, dropout, window_size, bottom_right_diagonal, deterministic, "
+        "accepted keyword arguments: attn_bias, cu_seqlens_q, cu_seqlens_kv, rng_gen, is_training, softmax_offset, lengths, "
+        "qkv_layout, attn_mask_type, attn_bias_type, attn_scale, dropout, window_size, bottom_right_diagonal, deterministic, "
         "fused_attention_backend, softmax_type"
     )
     assert "AttnOptions" not in message

@@ -430,8 +430,8 @@ def cpu_prepare(monkeypatch):
     answers with the Hopper environment; fresh memos; counts the prepares."""
     monkeypatch.setattr(ops, "_require_cuda", lambda cfg, q: HOPPER_CUDNN_919)
     monkeypatch.setattr(ops, "_is_capturing", lambda: False)  # CPU-only torch has no capture query
-    monkeypatch.setattr(ops, "_fwd_memo", ops._SigMemo())
-    monkeypatch.setattr(ops, "_bwd_memo", ops._SigMemo())
+    monkeypatch.setattr(ops, "_fwd_memo", ops.SigMemo())
+    monkeypatch.setattr(ops, "_bwd_memo", ops.SigMemo())
 
     def stop(self):
         raise _Stop(self.backend.name)
@@ -641,7 +641,7 @@ def test_signature_memo_last_entry_is_only_a_shortcut(cpu_prepare) -> None:
     run_bwd(q, k, v)
     assert ops._bwd_memo.last[1] is ops._bwd_memo[ops._bwd_memo.last[0]] and cpu_prepare["bwd"] == 1
     ops.forget_prepared()
-    assert ops._fwd_memo.last == ops._NO_LAST and ops._bwd_memo.last == ops._NO_LAST
+    assert ops._fwd_memo.last == ops.SigMemo().last and ops._bwd_memo.last == ops.SigMemo().last
     run_fwd(q, k, v)
     run_bwd(q, k, v)
     assert cpu_prepare["fwd"] == 3 and cpu_prepare["bwd"] == 2

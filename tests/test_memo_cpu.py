@@ -1,0 +1,65 @@
+"""The memos of prepared calls: least recently used eviction under an entry bound and a bound
+on the device bytes their entries hold (result templates, constants), never a wholesale flush."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from te_cudnn import decode, ops
+from te_cudnn.memo import MAX_DEVICE_BYTES, MAX_ENTRIES, SigMemo, held_bytes
+
+
+@dataclass
+class _Entry:
+    template: Optional[torch.Tensor] = None
+    consts: tuple = ()
+
+
+def test_held_bytes_counts_each_storage_once() -> None:
+    t = torch.empty(1024, dtype=torch.float32)
+    assert held_bytes(t) == 4096
+    assert held_bytes(_Entry(t, (t[:10], torch.empty(8, dtype=torch.int32)))) == 4096 + 32
+    assert held_bytes(_Entry(torch.empty(1, dtype=torch.bfloat16).expand(1 << 20))) == 2  # an expanded template
+    assert held_bytes(object()) == 0
+
+
+def test_lru_eviction_by_entries_keeps_the_hot_signatures() -> None:
+    memo = SigMemo(max_entries=3, max_bytes=1 << 20)
+    for i in range(3):
+        memo.remember((i,), _Entry())
+    assert memo.find((0,)) is not None  # (0,) is now the most recent
+    memo.remember((3,), _Entry())
+    assert list(memo) == [(2,), (0,), (3,)]
+    assert (1,) not in memo and (0,) in memo and len(memo) == 3
+
+
+def test_lru_eviction_by_device_bytes() -> None:
+    memo = SigMemo(max_entries=100, max_bytes=10_000)
+    for i in range(5):
+        memo.remember((i,), _Entry(torch.empty(1000, dtype=torch.float32)))  # 4000 bytes each
+        assert memo.device_bytes <= 10_000
+    assert list(memo) == [(3,), (4,)] and memo.device_bytes == 8000
+    memo.remember(("big",), _Entry(torch.empty(10_001, dtype=torch.uint8)))  # alone over the bound: not kept
+    assert ("big",) not in memo and memo.device_bytes == 8000
+    memo.remember((3,), _Entry(torch.empty(10, dtype=torch.uint8)))  # replacing an entry replaces its bytes
+    assert memo.device_bytes == 4010
+
+
+def test_last_pair_follows_eviction_and_clear() -> None:
+    memo = SigMemo(max_entries=1, max_bytes=1 << 20)
+    a = _Entry()
+    memo.remember(("a",), a)
+    assert memo.find(("a",)) is a and memo.last[1] is a
+    memo.remember(("b",), _Entry())
+    assert memo.last[1] is None and memo.find(("a",)) is None
+    memo.clear()
+    assert memo.device_bytes == 0 and not memo and memo.last[1] is None
+
+
+def test_the_library_memos_are_bounded() -> None:
+    for memo in (ops._fwd_memo, ops._bwd_memo, decode._memo):
+        assert isinstance(memo, SigMemo)
+        assert memo.max_bytes <= MAX_DEVICE_BYTES and memo.max_entries <= MAX_ENTRIES
