@@ -26,7 +26,7 @@ import torch
 
 from .config import AttnConfig, _check_cu_seqlens
 from .launch import capture_id, current_raw_stream, is_capturing
-from .ragged import every_key_lens, extend, offsets_view, one_query_lens, ragged_offsets, seq_lens_pair
+from .ragged import every_key_lens
 from .row_fill import Lengths, fills_grads, fills_out, length_remap
 
 if TYPE_CHECKING:
@@ -233,33 +233,62 @@ def cached_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padd
     return buffers
 
 
+#: (entries of cu_seqlens, bucket batch, device) -> the gather index that continues cu_seqlens
+#: with its last value over the bucket's empty sequences (int64 [batch + 1, 1, 1, 1]).
+_extend_index: dict[tuple, torch.Tensor] = {}
+_EXTEND_INDEX_LIMIT = 256
+
+
+def _extended(cu: torch.Tensor, batch: int) -> torch.Tensor:
+    """``cu`` ([n] = [b + 1], any stride) as ``[batch + 1, 1, 1, 1]``, continued with its last
+    value (``te_cudnn.ragged.extend``): a view when it has ``batch + 1`` entries, else one
+    gather kernel."""
+    n = cu.shape[0]
+    if n == batch + 1:
+        return cu.view(n, 1, 1, 1)
+    key = (n, batch, cu.device)
+    idx = _extend_index.get(key)
+    if idx is None:
+        idx = torch.arange(batch + 1, device=cu.device).clamp_(max=n - 1).view(batch + 1, 1, 1, 1)
+        if not is_capturing():  # never keep a tensor of a CUDA graph's private pool
+            if len(_extend_index) >= _EXTEND_INDEX_LIMIT:
+                _extend_index.clear()
+            _extend_index[key] = idx
+    return torch.take(cu, idx)
+
+
+def _offsets(ext: torch.Tensor, mult: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Element offsets ``ext * mult[j]`` (int64), one ``[batch + 1, 1, 1, 1]`` tensor per row of
+    ``mult`` (te_cudnn.ragged.ragged_offsets): one multiply for every row."""
+    return (ext * mult.view(-1, 1, 1, 1, 1)).unbind(0)
+
+
 def runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
-    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a handful of
-    tiny kernels on the caller's stream, no host sync. Self-attention (the same cu_seqlens
-    tensors for q and kv) computes them once."""
+    """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a few tiny
+    kernels on the caller's stream, no host sync (the values are those of ``te_cudnn.ragged``'s
+    functions, computed with as few torch calls as possible: each costs host time). Self-attention
+    (the same cu_seqlens tensors for q and kv) computes them once."""
     cfg, out = prep.cfg, []
     batch = cfg.b
-    ext_q = extend(cu_q, batch)
-    ext_kv = ext_q if cu_kv is cu_q else extend(cu_kv, batch)
+    ext_q = _extended(cu_q, batch)
+    ext_kv = ext_q if cu_kv is cu_q else _extended(cu_kv, batch)
     if cfg.mask.is_padding:  # te_cudnn.row_fill: the lengths as given, or remapped so cuDNN writes every row
-        if prep.lengths is Lengths.ONE_QUERY:
-            out += one_query_lens(ext_q, ext_kv, batch, prep.one_query)
+        lens_q = torch.diff(ext_q, dim=0)
+        lens_kv = lens_q if ext_kv is ext_q else torch.diff(ext_kv, dim=0)
+        if prep.lengths is Lengths.ONE_QUERY:  # see te_cudnn.ragged.one_query_lens
+            out += (prep.one_query, torch.bitwise_and(lens_kv, lens_q.neg()))
         elif prep.lengths is Lengths.EVERY_KEY:
-            out += every_key_lens(*seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv))
+            out += every_key_lens(lens_q, lens_kv)
         else:
-            out += seq_lens_pair(cu_q, cu_kv, batch, ext_q, ext_kv)
-    base_q = ext_q if cu_q_padded is None else extend(cu_q_padded, batch)
+            out += (lens_q, lens_kv)
+    base_q = ext_q if cu_q_padded is None else _extended(cu_q_padded, batch)
     same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
     if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
-        off = ragged_offsets(cu_q, prep.mult_all, batch, base_q)
-        return out + [offsets_view(off, i) for i in range(5)]
+        return out + list(_offsets(base_q, prep.mult_all))
     if cfg.ragged_q:
-        off = ragged_offsets(cu_q, prep.mult_q, batch, base_q)
-        out += [offsets_view(off, 0), offsets_view(off, 1), offsets_view(off, 2)]
+        out += _offsets(base_q, prep.mult_q)
     if cfg.ragged_kv:
-        base_kv = ext_kv if cu_kv_padded is None else extend(cu_kv_padded, batch)
-        off = ragged_offsets(cu_kv, prep.mult_kv, batch, base_kv)
-        out += [offsets_view(off, 0), offsets_view(off, 1)]
+        out += _offsets(ext_kv if cu_kv_padded is None else _extended(cu_kv_padded, batch), prep.mult_kv)
     return out
 
 

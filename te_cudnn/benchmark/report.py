@@ -499,6 +499,8 @@ def _host_lines(results: dict) -> list[str]:
     lines += _table(["call", "µs", f"minus {host.get('yardstick')}"], rows)
     for n in host.get("notes", []):
         lines.append(f"- not timed: {n}")
+    for name, delta in (host.get("thd_vs_reuse_us") or {}).items():
+        lines.append(f"- {name}: {delta:+.2f} µs against the version-keyed reuse (reuse_lengths)")
     if host.get("te_cudnn_launch"):
         lines.append(f"- te_cudnn launch path: {host['te_cudnn_launch']}"
                      + (f" ({host['te_cudnn_plan']})" if host.get("te_cudnn_plan") else ""))  # fmt: skip

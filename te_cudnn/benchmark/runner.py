@@ -172,6 +172,7 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
             return F.scaled_dot_product_attention(qb, kb, vb)
 
     fns["torch SDPA cuDNN"] = sdpa
+    fns.update(_host_thd_calls(tc, h, d))
     notes = []
     for name, fn in list(fns.items()):  # a contender that cannot run here is reported, not timed
         try:
@@ -190,6 +191,8 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
     if HOST_TE_PREALLOCATED in us and HOST_YARDSTICK_STATS in us:
         out["like_for_like"] = [HOST_TE_PREALLOCATED, HOST_YARDSTICK_STATS]
         out["like_for_like_us"] = us[HOST_TE_PREALLOCATED] - us[HOST_YARDSTICK_STATS]
+    if HOST_THD_REUSE in us:  # what deriving the lengths on every call costs against reusing them
+        out["thd_vs_reuse_us"] = {n: us[n] - us[HOST_THD_REUSE] for n in (HOST_THD, HOST_THD_BATCH) if n in us}
     plan = _host_plan(tc, b, h, s)
     if plan is not None:  # which engine and launch path te_cudnn's cached plan took (informational)
         out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
@@ -202,6 +205,39 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
             out["tuned"] = {"error": _one_line(exc)}
             log(f"host section, autotuned plan: {_one_line(exc)}")
     return out
+
+
+HOST_THD = "te_cudnn THD, lengths per call"
+HOST_THD_BATCH = "te_cudnn THD, BatchLengths"
+HOST_THD_REUSE = "te_cudnn THD, reuse_lengths"
+
+
+def _host_thd_calls(tc: Any, h: int, d: int) -> dict[str, Callable[[], Any]]:
+    """The host problem as a THD batch (four sequences, 64 tokens, padding_causal): the lengths
+    and offsets derived from cu_seqlens on every call (the default), taken from a BatchLengths
+    built once, and from the version-keyed cache of the ``reuse_lengths`` opt-in."""
+    from te_cudnn import varlen  # noqa: PLC0415
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    lens = (16, 24, 8, 16)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(lens), h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    kw = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal")
+    batch = tc.BatchLengths(cu)
+
+    def per_call():
+        return tc.fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, **kw)
+
+    def reuse():  # the opt-in's flag set around the call alone: the other contenders keep the default
+        varlen._reuse_by_version[0] = True
+        try:
+            return per_call()
+        finally:
+            varlen._reuse_by_version[0] = False
+
+    return {HOST_THD: per_call,
+            HOST_THD_BATCH: lambda: tc.fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, lengths=batch, **kw),
+            HOST_THD_REUSE: reuse}  # fmt: skip
 
 
 def _host_plan(tc: Any, b: int, h: int, s: int) -> Any:
