@@ -25,7 +25,7 @@ The cache is either paged (a page pool ``[num_pages, page_size, hg, d]`` and a p
 ``[b, pages_per_seq]``; head-major pools are read through their strides) or dense
 (``[b, s_max, hg, d]``, any strides, e.g. a ``[b, hg, s_max, d]`` buffer transposed).
 Forward only, bf16/fp16, the F16 arbitrary-seqlen sub-backend; a sliding window
-(``window_size=(left, 0)``, dense caches: te_cudnn declares paged caches without windows).
+(``window_size=(left, 0)``, paged or dense caches).
 No attention sinks: the sub-backend declines a sink with one query row (cuDNN's SDPA
 takes none there; ``te_cudnn.explain`` gives the reason).
 """
@@ -122,7 +122,7 @@ def fused_attn_decode(
             order; None for a dense cache.
         attn_scale: defaults to ``d ** -0.5``.
         window_size: ``(-1, -1)``, or ``(left, 0)``: each query sees at most its last
-            ``left + 1`` keys (dense caches).
+            ``left + 1`` keys.
         out: optional preallocated contiguous ``[b, s_q, h, d_v]`` result.
         return_softmax_lse: also return the fp32 ``[b, h, s_q, 1]`` logsumexp of each row.
 

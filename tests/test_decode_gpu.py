@@ -145,12 +145,16 @@ def test_window_dense():
     assert not torch.equal(out[0], full[0]) and torch.equal(out[1], full[1])  # 7 keys: all inside the window
 
 
-def test_paged_window_is_declined_with_its_reason():
-    k, v, table, _ = _cache(2, 16, 2)
-    q = torch.randn(2, 1, H, D, device="cuda").to(torch.bfloat16)
-    lens = torch.tensor([3, 4], dtype=torch.int32, device="cuda")
-    with pytest.raises(tc.UnsupportedConfigError, match="no sliding window"):
-        tc.fused_attn_decode(q, k, v, lens, table, window_size=(8, 0))
+def test_paged_window():
+    """A (left, 0) window on a paged cache (head-major pages too), against the fp32 reference."""
+    for head_major, left in ((False, 8), (True, 30)):
+        k, v, table, dense = _cache(4, 16, 4, head_major=head_major, seed=left)
+        q = torch.randn(4, 1, H, D, device="cuda").to(torch.bfloat16)
+        lens = torch.tensor([64, 9, 0, 40], dtype=torch.int32, device="cuda")
+        out = tc.fused_attn_decode(q, k, v, lens, table, window_size=(left, 0))
+        assert torch.equal(out[2], torch.zeros_like(out[2]))  # an idle slot: zero
+        r32, rlp = _reference(q, dense, lens, window=(left, 0))
+        check_close(f"O (paged decode, window {left})", out.permute(0, 2, 1, 3), r32.out, rlp.out, torch.bfloat16)
 
 
 def test_cuda_graph_replay_reads_updated_lengths():
@@ -199,8 +203,8 @@ def test_per_call_checks_and_empty_batch():
 
 def test_random_configurations():
     """Random decode calls: batch, heads and GQA groups, head dim, dtype, paged (token- or
-    head-major pages of 16-64 tokens) or dense caches, lengths from 0 to the capacity, windows
-    on dense caches; each against the fp32 reference."""
+    head-major pages of 16-64 tokens) or dense caches, lengths from 0 to the capacity, windows;
+    each against the fp32 reference."""
     env = os.environ.get("TE_CUDNN_TEST_SEED")
     seed = int(env) if env else random.SystemRandom().randrange(2**31)
     print(f"decode random configurations: seed={seed} (replay: TE_CUDNN_TEST_SEED={seed})")
@@ -213,7 +217,7 @@ def test_random_configurations():
         page, pages = (rng.choice([16, 32, 64]), rng.randint(1, 6)) if paged else (1, rng.randint(16, 300))
         cap = page * pages
         lengths = [rng.choice([0, 1, cap, rng.randint(1, cap)]) for _ in range(b)]
-        window = (-1, -1) if paged or rng.random() < 0.6 else (rng.randint(0, cap), 0)
+        window = (-1, -1) if rng.random() < 0.6 else (rng.randint(0, cap), 0)
         what = (f"seed={seed} case {i}: b={b} sq={sq} h={h}/{hg} d={d} {str(dtype)[6:]} {'paged' if paged else 'dense'} "
                 f"page={page}x{pages}{' head-major' if head_major else ''} lengths={lengths} window={window}")  # fmt: skip
         k, v, table, dense = _cache(b, page, pages, head_major=head_major, paged=paged, dtype=dtype, seed=i, hg=hg,

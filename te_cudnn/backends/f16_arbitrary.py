@@ -67,8 +67,11 @@ class F16ArbitrarySeqlen(SubBackend):
                 why.append(f"paged KV with THD queries needs cuDNN 9.7 or newer, got {v}")
             if v is not None and v < 90900 and max(cfg.d_qk, cfg.d_v) > 128:
                 why.append(f"paged KV with head dims above 128 needs cuDNN 9.9 or newer, got {v}")
-            if cfg.bias_type != AttnBiasType.no_bias or cfg.has_window:
-                why.append("paged KV caches take no bias and no sliding window here")
+            if cfg.bias_type != AttnBiasType.no_bias:
+                why.append("paged KV caches take no bias")
+            if cfg.has_window and (cfg.window[1] != 0 or not self._effective_bottom_right(cfg)):
+                why.append(f"paged KV caches take a sliding window as (left, 0), aligned to the end of each sequence's "
+                           f"keys (bottom-right; the form checked against a reference), got window_size={cfg.window}")
         if cfg.mask.is_padding and cfg.bias_type == AttnBiasType.post_scale_bias:
             why.append(f"attn_mask_type={cfg.mask.name} with post_scale_bias is not fused (TransformerEngine's rule)")
         if cfg.sq == 1 and cfg.skv == 1 and (cfg.is_training or direction == Direction.BWD):
