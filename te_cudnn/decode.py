@@ -3,22 +3,20 @@ lengths the caller already keeps (decode: one token; speculative decoding's veri
 a few).
 
 TransformerEngine's ``fused_attn_fwd`` describes a decode step with ``cu_seqlens_q/kv``
-(offsets). cuDNN reads per-sequence *lengths*, so every such call computes them (a small
-kernel), and zero-fills O because a padding mask may leave rows unwritten; inside a CUDA
-graph both run on every replay. At b=8, h=32, an 8K cache on an H100 that is about 3 of
-100 µs, the difference between reading the cache at 88 % and at 92 % of the copy
-bandwidth (``benchmarks/2026-11-25-h100-decode/``).
+(offsets). cuDNN reads per-sequence *lengths*, so every such call derives them (small kernels)
+and, inside a CUDA graph, derives them again on every replay.
 
 A decode loop keeps the lengths anyway (flash-attention's ``cache_seqlens``, vLLM's
 ``seq_lens``). ``fused_attn_decode`` hands that int32 ``[b]`` tensor to cuDNN as the
-key/value lengths (a view: no kernel), and the query side's lengths are a constant vector
-(``s_q`` each) made once per shape. With one new token and no window cuDNN writes every row
-of O, zeros where a sequence's cache is empty (measured on cuDNN 9.19), so nothing is filled:
-one call is the allocation of O (and the softmax stats), the pointers, the launch. With
+key/value lengths (a view: no kernel; a strided or unaligned one is copied first), and the
+query side's lengths are a constant vector (``s_q`` each) made once per shape. With one new
+token and no window, O is not zero-filled where the engine was checked on this machine to
+write every row itself, zeros where a sequence's cache is empty (``te_cudnn.padded_rows``):
+one call is then the allocation of O (and the softmax stats), the pointers, the launch. With
 ``s_q > 1`` the new tokens attend causally, aligned to the end of each sequence's cache
 (bottom-right), as in speculative decoding; that mask leaves the rows that see no key
-unwritten (measured), so O is zero-filled first there, and under a window too (one kernel). The lengths are
-read on the device when the kernel runs, so a captured CUDA graph replays correctly after
+unwritten, so O is zero-filled first there, and under a window too (one kernel). The lengths
+are read on the device when the kernel runs, so a captured CUDA graph replays correctly after
 the loop updates ``cache_seqlens`` in place.
 
 The cache is either paged (a page pool ``[num_pages, page_size, hg, d]`` and a page table
@@ -47,6 +45,7 @@ from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
 from .ops import _Prepared, _dependent_caches, _meta, _prepare_fwd, fwd_call_args
 from .memo import SigMemo
+from .row_fill import fills_out
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 
@@ -67,7 +66,8 @@ class _Decode:
     lens_shape: tuple[int, int, int, int]  # (b, 1, 1, 1): how cuDNN sees cache_seqlens
     pages_shape: Optional[tuple[int, int, int, int]]  # (b, 1, pages_per_seq, 1), or None for a dense cache
     out_like_q: bool
-    fill: bool  # zero O first: the causal / windowed masks leave rows that see no key unwritten
+    masked: bool  # the causal / windowed masks: rows that see no key are left unwritten, O is always zeroed first
+    fill: bool  # zero O first (masked, or an engine not checked to write the rows of empty caches)
 
 
 #: Parameters of :func:`fused_attn_decode` that are per-call data, never part of its call
@@ -167,6 +167,9 @@ def fused_attn_decode(
     plan = prep.plan
     if plan is None or plan.evicted:
         plan = prep.get_plan()
+        # one query row and no window: cuDNN writes every row, zeros for an empty cache, where this
+        # engine's check on this machine says so (te_cudnn.row_fill, te_cudnn.padded_rows)
+        dec.fill = dec.masked or fills_out(prep.cfg, prep.backend, plan)
     plan.hits += 1
     plan.last_used = next_tick()
     if out is None:
@@ -289,7 +292,7 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
     dec = _Decode(
         prep=prep, b=b, q_lens=torch.full((b, 1, 1, 1), sq, dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
         pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
-        fill=mask != "padding",
+        masked=mask != "padding", fill=True,
     )  # fmt: skip
     _memo.remember(sig, dec)
     return dec

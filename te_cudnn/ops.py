@@ -54,7 +54,7 @@ from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
-from .row_fill import Lengths
+from .row_fill import Lengths, fills_grads, fills_out
 from .runtime import RuntimeEnv, current_env, frontend_version
 from .launch import BWD_NAMES as _BWD_NAMES
 from .launch import FWD_NAMES as _FWD_NAMES
@@ -150,6 +150,11 @@ class _Prepared:
                 plan = self.plan = plan_cache.get_or_build(
                     self.key, lambda: backend.build(cfg, self.key.direction, handle_for(device))
                 )
+                if self.varlen:  # the fills this plan's engine needs (te_cudnn.row_fill, te_cudnn.padded_rows)
+                    if self.key.direction == Direction.FWD:
+                        self.fill_out = fills_out(cfg, backend, plan)
+                    else:
+                        self.fill_grads = fills_grads(cfg, backend, plan)
         return plan
 
 

@@ -1,43 +1,52 @@
 """Which result rows cuDNN writes under a padding mask, and so which results te_cudnn zero-fills.
 
 te_cudnn promises exact zeros in every row past a sequence's end (O, dQ, dK, dV), as
-TransformerEngine does for THD. cuDNN writes those rows itself, as zeros, on every engine its
-heuristics offer, except around *empty* sequences (cuDNN 9.19 on an H100,
-``tools/probe_empty_rows.py``, ``benchmarks/2026-11-26-h100-empty-rows/``):
+TransformerEngine does for THD. The rule:
 
-* with ``max_seqlen_q = 1`` the one-row engines compute row 0 of every sequence, even one whose
-  query length is 0 (a row of attention where zeros are promised; a fill before the launch
-  cannot help);
-* with longer queries some engines (the forward's first choice among them) leave every row of a
-  sequence without keys unwritten, and the backward's first choice leaves its dK/dV unwritten.
+1. Without a padding mask or a THD layout every row is inside a sequence: nothing is filled.
+2. The lengths a padding-mask call binds (:func:`length_remap`) avoid the rows that engines
+   may handle specially around *empty* sequences, leaving every other sequence bit-identical
+   (O; the backward's dQ accumulates in a nondeterministic order):
 
-Both are removed by remapping the lengths bound to the graph, which leaves every other sequence
-bit-identical (O; the backward's dQ accumulates in a nondeterministic order):
+   * :attr:`Lengths.ONE_QUERY` (``max_seqlen_q = 1``): one-row engines may compute row 0 of
+     every sequence, even one whose query length is 0, so every sequence is bound with one
+     query row, and a sequence without a query with no keys: its one row sees no key;
+   * :attr:`Lengths.EVERY_KEY` (longer queries, on the graphs the static rule below names):
+     engines may leave every row of a sequence without keys unwritten, so such a sequence is
+     bound with one key and no query rows: all its rows then lie past its end.
 
-* :attr:`Lengths.ONE_QUERY` (``max_seqlen_q = 1``): query lengths of 1, and no keys for a sequence
-  without a query, whose one row then sees no key and is written as zeros;
-* :attr:`Lengths.EVERY_KEY` (longer queries): key lengths of at least 1, and no query rows for a
-  sequence without keys, whose rows are then all past its end and written as zeros.
+3. A result is zero-filled before the launch unless *both*:
 
-With the remap, the zero-fill is dropped where the probe covered the graph: the F16
-arbitrary-seqlen sub-backend, dense (non-THD, non-paged for longer queries) layouts, no window,
-bias, dropout or sink; the backward keeps it under ``deterministic=True`` (other engines) and for
-one query row (not probed). Longer queries under the bottom-right causal mask keep their lengths
-and the fills: there a query row sees no key whenever its sequence has more queries than keys, and
-cuDNN leaves such rows unwritten (measured with ``fused_attn_decode``'s causal s_q > 1), which no
-remap can turn into a row past the sequence's end. Everywhere else results are zero-filled before
-the launch as before. The GPU tests prefill the results with NaN.
+   * the static rule lets te_cudnn rely on cuDNN for it (:func:`skips_out_fill`,
+     :func:`skips_grads_fill`): the lengths are remapped (O: either remap; dQ, dK, dV:
+     :attr:`Lengths.EVERY_KEY` without ``deterministic=True``), on the F16 arbitrary-seqlen
+     sub-backend, with no window, bias, dropout or sink, no THD side (and, for longer
+     queries, no paged KV cache and no bottom-right causal mask, under which a row of a
+     sequence with more queries than keys sees no key: a row inside the sequence, which no
+     remap turns into one past its end). Calls with a THD side are always filled: the rows
+     between and after the sequences of a token buffer belong to no sequence, so no launch is
+     asked to write them;
+   * the call's plan is given and its engine was checked on this machine
+     (:func:`te_cudnn.padded_rows.rows_verified`: a probe that runs the plan with partial
+     lengths into NaN-prefilled results, recorded per GPU architecture, cuDNN version and
+     engine configuration in the plan store, or in memory without one).
+
+So without a plan (at prepare time), with an engine that failed or could not be checked, or
+during a CUDA-graph capture before any check, results are zero-filled. The remap does not
+depend on the engine: it is a function of the call's description, so the backward binds the
+forward's lengths.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Any
 
-from .backends import SubBackend
+from .backends import Direction, SubBackend
 from .config import AttnConfig
 from .enums import AttnBiasType, FusedAttnBackend
 
-__all__ = ["Lengths", "length_remap", "fills_out", "fills_grads"]
+__all__ = ["Lengths", "length_remap", "skips_out_fill", "skips_grads_fill", "fills_out", "fills_grads"]
 
 
 class Lengths(enum.Enum):
@@ -48,8 +57,9 @@ class Lengths(enum.Enum):
     EVERY_KEY = 2
 
 
-def _probed(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """The graphs ``tools/probe_empty_rows.py`` covered."""
+def _remappable(cfg: AttnConfig, backend: SubBackend) -> bool:
+    """The graphs whose lengths te_cudnn remaps for longer queries, and whose results it may
+    leave to cuDNN: F16 arbitrary-seqlen, no window, dropout, sink or bias."""
     return (backend.enum == FusedAttnBackend.F16_arbitrary_seqlen and not cfg.has_window and not cfg.has_dropout
             and not cfg.has_sink and cfg.bias_type == AttnBiasType.no_bias)  # fmt: skip
 
@@ -61,20 +71,41 @@ def length_remap(cfg: AttnConfig, backend: SubBackend) -> Lengths:
         return Lengths.AS_GIVEN
     if cfg.sq == 1:  # a correction, wherever one query row per sequence is bound
         return Lengths.ONE_QUERY
-    if cfg.paged is None and not cfg.mask.is_bottom_right and _probed(cfg, backend):
+    if cfg.paged is None and not cfg.mask.is_bottom_right and _remappable(cfg, backend):
         return Lengths.EVERY_KEY
     return Lengths.AS_GIVEN
 
 
-def fills_out(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """Whether a padding-mask / THD forward zero-fills O before cuDNN writes it."""
-    if not (cfg.mask.is_padding or cfg.is_ragged):
-        return False
-    return length_remap(cfg, backend) is Lengths.AS_GIVEN or not _probed(cfg, backend)
+def skips_out_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
+    """The static rule for O: whether te_cudnn may leave the rows past each sequence's end to
+    cuDNN, once the engine is checked (:func:`fills_out`)."""
+    return length_remap(cfg, backend) is not Lengths.AS_GIVEN and _remappable(cfg, backend)
 
 
-def fills_grads(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """Whether a padding-mask / THD backward zero-fills dQ, dK and dV before cuDNN writes them."""
+def skips_grads_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
+    """The static rule for dQ, dK and dV, likewise (:func:`fills_grads`)."""
+    return length_remap(cfg, backend) is Lengths.EVERY_KEY and not cfg.deterministic
+
+
+def fills_out(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
+    """Whether a padding-mask / THD forward zero-fills O before cuDNN writes it: yes unless the
+    static rule allows skipping and ``plan``'s engine is checked (te_cudnn.padded_rows)."""
     if not (cfg.mask.is_padding or cfg.is_ragged):
         return False
-    return length_remap(cfg, backend) is not Lengths.EVERY_KEY or cfg.deterministic
+    if plan is None or not skips_out_fill(cfg, backend):
+        return True
+    from .padded_rows import rows_verified  # noqa: PLC0415
+
+    return not rows_verified(plan, cfg, backend, Direction.FWD)
+
+
+def fills_grads(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
+    """Whether a padding-mask / THD backward zero-fills dQ, dK and dV before cuDNN writes them:
+    yes unless the static rule allows skipping and ``plan``'s engine is checked."""
+    if not (cfg.mask.is_padding or cfg.is_ragged):
+        return False
+    if plan is None or not skips_grads_fill(cfg, backend):
+        return True
+    from .padded_rows import rows_verified  # noqa: PLC0415
+
+    return not rows_verified(plan, cfg, backend, Direction.BWD)

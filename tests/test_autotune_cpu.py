@@ -464,6 +464,31 @@ def test_operands_match_the_graph_and_hold_valid_runtime_data(case: str) -> None
             assert int(cum[-1]) // int(m) == sum(lens) <= capacity  # every token addressed is inside its buffer
 
 
+def test_operands_bind_given_lengths_and_token_offsets() -> None:
+    """The padded-row checks (te_cudnn.padded_rows) bind partial lengths and THD offsets with
+    gaps through the same synthesis; everything else is what the default gives."""
+    backend, direction, over = OPERAND_CASES["thd_bwd"]
+    cfg = make_key(backend, direction, sizes_config(**over), 91900, "1.32.0").config
+    spec, g = _planned_graph(backend, direction, cfg)
+    lens_q = [3, 0, 7] + [0] * (cfg.b - 3)
+    lens_kv = [5, 2, 7] + [0] * (cfg.b - 3)
+    cu_q = [0, 4, 4] + [12] * (cfg.b - 2)
+    cu_kv = [0, 5, 8] + [16] * (cfg.b - 2)
+    given = make_operands(g, spec.uids, cfg, "cpu", seed=3, lengths=(lens_q, lens_kv), cu_tokens=(cu_q, cu_kv))
+    default = make_operands(g, spec.uids, cfg, "cpu", seed=3)
+    assert given[Uid.SEQ_LEN_Q].flatten().tolist() == lens_q and given[Uid.SEQ_LEN_KV].flatten().tolist() == lens_kv
+    assert given[Uid.RAGGED_Q].flatten().tolist() == [c * cfg.q_stride[2] for c in cu_q]
+    assert given[Uid.RAGGED_K].flatten().tolist() == [c * cfg.k_stride[2] for c in cu_kv]
+    where = (Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV, Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS, Uid.RAGGED_K, Uid.RAGGED_V)
+    for uid in spec.uids:
+        assert given[uid].shape == default[uid].shape and given[uid].stride() == default[uid].stride()
+        if uid not in where:
+            assert torch.equal(given[uid], default[uid]), Uid.NAMES[uid]
+    only = tune_mod.length_operands(g, spec.uids, cfg, "cpu", lengths=(lens_q, lens_kv), cu_tokens=(cu_q, cu_kv))
+    assert set(only) == {u for u in spec.uids if u in where}
+    assert all(torch.equal(only[u], given[u]) for u in only)
+
+
 def test_operands_are_reproducible() -> None:
     cfg = sizes_config()
     spec, g = _planned_graph(F16, Direction.FWD, cfg)

@@ -793,6 +793,38 @@ def test_eviction_takes_own_fingerprint_first_and_spares_others_in_use(tmp_path:
     assert [p.name for p in mine.entries()] == [mine.path_for(desc(max_seqlen_q=8192)).name]
 
 
+def test_a_plans_records_go_with_it_and_are_kept_with_the_plan_just_written(tmp_path: Path) -> None:
+    store = PlanStore(tmp_path, FACTS, max_bytes=1 << 30)
+    paths = _aged(store, 4, 1000)
+    descs = [desc(max_seqlen_q=64 * (i + 1)) for i in range(4)]
+    now = time.time()
+    records = []
+    for i, d in enumerate(descs):
+        r = store.save_record(d, "padded_rows", "eng0", {"ok": True, "i": i})
+        os.utime(r, (now - 1000 + 10 * i,) * 2)
+        records.append(r)
+    orphan = store.save_record(desc(max_seqlen_q=4096), "padded_rows", "eng0", {"ok": True})  # no plan beside it
+    os.utime(orphan, (now - 5000,) * 2)
+    size = paths[0].stat().st_size
+    store.max_bytes = 2 * size + 3 * records[0].stat().st_size  # two plans and their records fit
+    removed = store.evict(keep=paths[0])
+    assert paths[0].exists() and records[0].exists(), "the plan just written keeps its records"
+    assert orphan in removed and not orphan.exists()
+    assert [p.exists() for p in paths[1:]] == [False, False, True]
+    assert [r.exists() for r in records[1:]] == [False, False, True]
+    assert set(removed) == {orphan, paths[1], records[1], paths[2], records[2]}
+
+
+def test_clear_removes_records_too(tmp_path: Path) -> None:
+    a = PlanStore(tmp_path, FACTS)
+    b = PlanStore(tmp_path, {**FACTS, "cudnn": 91800})
+    a.save(desc(), BLOB)
+    ra = a.save_record(desc(), "padded_rows", "eng0", {"ok": True})
+    rb = b.save_record(desc(), "padded_rows", "eng0", {"ok": True})
+    assert b.clear(all_fingerprints=False) == 0 and not rb.exists() and ra.exists()
+    assert a.clear() == 1 and not ra.exists() and a.load_records(desc(), "padded_rows") == {}
+
+
 def test_eviction_goes_on_past_a_file_it_cannot_remove(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     store = PlanStore(tmp_path, FACTS, max_bytes=1 << 30)
     paths = _aged(store, 5, 1000)

@@ -1,6 +1,9 @@
 """te_cudnn.row_fill: the lengths a padding-mask call binds and what it zero-fills, on CPU
-tensors (``te_cudnn.varlen.runtime_buffers`` is plain torch code; the rules are functions of the
-call's description). The GPU side, with results prefilled with NaN, is in test_varlen_gpu.py."""
+tensors (``te_cudnn.varlen.runtime_buffers`` is plain torch code; the remap and the static rule
+are functions of the call's description). At prepare time no plan is known, so every
+padding-mask / THD result is zero-filled; whether a checked engine lifts the fill is in
+test_padded_rows_cpu.py. The GPU side, with results prefilled with NaN, is in
+test_varlen_gpu.py and test_padded_rows_gpu.py."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from te_cudnn.backends import BY_ENUM
 from te_cudnn.config import describe_fwd
 from te_cudnn.enums import FusedAttnBackend, QKVLayout
 from te_cudnn.ragged import every_key_lens, one_query_lens
-from te_cudnn.row_fill import Lengths, fills_grads, fills_out, length_remap
+from te_cudnn.row_fill import Lengths, fills_grads, fills_out, length_remap, skips_grads_fill, skips_out_fill
 
 F16 = BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen]
 
@@ -51,8 +54,9 @@ def test_one_query_row_binds_a_query_everywhere_and_no_keys_without_one(mask: st
     assert lens_q.shape == lens_kv.shape == (5, 1, 1, 1) and lens_q.dtype == lens_kv.dtype == torch.int32
     assert lens_q.flatten().tolist() == [1, 1, 1, 1, 1]
     assert lens_kv.flatten().tolist() == [40, 0, 0, 0, 3]
-    assert not prep.fill_out, "one query row, no window: cuDNN writes every row of O"
-    assert prep.fill_grads, "the backward of one query row was not probed: its gradients stay zero-filled"
+    assert skips_out_fill(prep.cfg, F16), "one query row, no window: O may be left to a checked engine"
+    assert prep.fill_out, "no plan yet (prepare time): O is zero-filled"
+    assert not skips_grads_fill(prep.cfg, F16) and prep.fill_grads, "the backward of one query row keeps its fill"
 
 
 def test_longer_queries_under_bottom_right_causal_keep_lengths_and_fills() -> None:
@@ -60,6 +64,7 @@ def test_longer_queries_under_bottom_right_causal_keep_lengths_and_fills() -> No
     unwritten, so the fills stay."""
     prep, cu_q, cu_kv = _prep("padding_causal_bottom_right", [16, 0, 5], [8, 30, 0], sq=16)
     assert prep.lengths is Lengths.AS_GIVEN and prep.fill_out and prep.fill_grads
+    assert not skips_out_fill(prep.cfg, F16) and not skips_grads_fill(prep.cfg, F16)
 
 
 @pytest.mark.parametrize("mask", ["padding", "padding_causal"])
@@ -69,7 +74,8 @@ def test_longer_queries_bind_a_key_everywhere_and_no_queries_without_one(mask: s
     lens_q, lens_kv = varlen.runtime_buffers(prep, cu_q, cu_kv, None, None)
     assert lens_q.flatten().tolist() == [16, 0, 0, 0, 16]
     assert lens_kv.flatten().tolist() == [64, 30, 1, 1, 16]
-    assert not prep.fill_out and not prep.fill_grads
+    assert skips_out_fill(prep.cfg, F16) and skips_grads_fill(prep.cfg, F16)
+    assert prep.fill_out and prep.fill_grads, "no plan yet (prepare time): zero-filled"
 
 
 def test_self_attention_lengths() -> None:
@@ -105,6 +111,7 @@ def test_every_key_lengths() -> None:
 def test_unprobed_graphs_keep_the_fill(sq: int, extra) -> None:
     prep, _, _ = _prep("padding_causal_bottom_right", [sq, 0], [16, 16], sq=sq, **extra)
     assert prep.fill_out and prep.fill_grads
+    assert not skips_out_fill(prep.cfg, F16) and not skips_grads_fill(prep.cfg, F16)
     # one query row is remapped anyway (a correction); longer queries keep their lengths
     assert prep.lengths is (Lengths.ONE_QUERY if sq == 1 else Lengths.AS_GIVEN)
 
@@ -112,12 +119,14 @@ def test_unprobed_graphs_keep_the_fill(sq: int, extra) -> None:
 def test_deterministic_backward_keeps_its_fill() -> None:
     prep, _, _ = _prep("padding", [16, 3], [16, 16], sq=16)
     bwd = prep.cfg.for_backward(prep.cfg.q_stride, deterministic=True)
-    assert length_remap(bwd, F16) is Lengths.EVERY_KEY and fills_grads(bwd, F16) and not fills_out(bwd, F16)
+    assert length_remap(bwd, F16) is Lengths.EVERY_KEY and not skips_grads_fill(bwd, F16) and skips_out_fill(bwd, F16)
+    assert fills_grads(bwd, F16) and fills_out(bwd, F16)  # no plan: both filled
 
 
 def test_thd_and_no_padding() -> None:
     thd = _prep("padding", [3, 5], [3, 5], sq=8, layout="thd_thd_thd")[0]
     assert thd.lengths is Lengths.AS_GIVEN and thd.fill_out and thd.fill_grads
+    assert not skips_out_fill(thd.cfg, F16) and not skips_grads_fill(thd.cfg, F16)
     dense = _prep("no_mask", [8, 8], [64, 64], sq=8)[0]
     assert dense.lengths is Lengths.AS_GIVEN and not dense.fill_out and not dense.fill_grads
 
@@ -126,6 +135,7 @@ def test_other_sub_backends_keep_their_lengths_and_fills() -> None:
     fp8 = BY_ENUM[FusedAttnBackend.FP8]
     prep = _prep("padding", [16, 0], [16, 16], sq=16, backend=fp8)[0]
     assert prep.lengths is Lengths.AS_GIVEN and prep.fill_out and prep.fill_grads
+    assert not skips_out_fill(prep.cfg, fp8) and not skips_grads_fill(prep.cfg, fp8)
 
 
 # ------------------------------------------------------------------ properties (hypothesis)

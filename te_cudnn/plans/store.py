@@ -15,6 +15,15 @@ temporary file in the same directory
 and are renamed into place (atomic: concurrent writers of one entry race, and the file is
 always one writer's whole file).
 
+Beside a plan, ``<entry>.records`` holds what was checked about its key on this kind of
+machine (:meth:`PlanStore.save_record` / :meth:`PlanStore.load_record`): JSON records by kind
+and by name, e.g. ``te_cudnn.padded_rows``' verdict per engine configuration. The file repeats
+the fingerprint, the facts and the plan key, and is read only where all three match, under
+the same ownership rules as plan files. It is written atomically with a read-modify-write (two
+processes recording at once may lose one record, which is then checked again). Eviction takes
+a plan's records with it; ``te-cudnn plans export`` does not carry them, so plans brought in
+from elsewhere are checked again here.
+
 Trust. A stored plan is handed to cuDNN's deserializer, which is not built to take hostile
 bytes (and the frontend's python-engine plans carry compiled kernels: native code), so a plan
 file is treated like code: only files that nobody but the user could have written are read:
@@ -65,12 +74,16 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 __all__ = [
-    "PLAN_FORMAT_VERSION", "MAX_FILE_BYTES", "PlanFileError", "PlanStore", "StoredPlan", "UntrustedStoreError",
-    "default_store", "env_number", "fingerprint_of",
+    "PLAN_FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_RECORDS_BYTES", "RECORDS_FORMAT", "RECORDS_SUFFIX", "PlanFileError",
+    "PlanStore", "StoredPlan", "UntrustedStoreError", "default_store", "env_number", "fingerprint_of",
 ]  # fmt: skip
 
 MAGIC = b"TECUDNN-PLAN\x01"
 SUFFIX = ".plan"
+#: The records kept beside a plan (``<entry>.records``, JSON).
+RECORDS_SUFFIX = ".records"
+#: What a records file says it is; a file of another format is skipped.
+RECORDS_FORMAT = "te_cudnn-records/1"
 TMP_PREFIX = ".tmp-"
 
 #: The version of what the graph builders (``te_cudnn/backends/``) put into a plan. It is part
@@ -80,6 +93,8 @@ PLAN_FORMAT_VERSION = 2
 
 #: The largest plan file that is read (a serialized plan is some 10 KB to 2 MB).
 MAX_FILE_BYTES = 64 << 20
+#: The largest records file that is read (a record is about a kilobyte).
+MAX_RECORDS_BYTES = 1 << 20
 DEFAULT_MAX_MB = 512
 #: A temporary file this old belongs to a writer that was killed: eviction removes it.
 STALE_TMP_SECONDS = 3600
@@ -180,9 +195,11 @@ def _dir_problem(d: Path) -> Optional[str]:
     return f"{d} is {problem}; fix it with `chmod 700 {d}`"
 
 
-def _read_file(path: Path, check_owner: bool) -> bytes:
-    """The bytes of a regular file, opened without following links, at most MAX_FILE_BYTES;
-    with ``check_owner``, only a file owned by the user and writable by nobody else."""
+def _read_file(path: Path, check_owner: bool, limit: Optional[int] = None, what: str = "a plan file") -> bytes:
+    """The bytes of a regular file, opened without following links, at most ``limit`` bytes
+    (default: MAX_FILE_BYTES); with ``check_owner``, only a file owned by the user and writable
+    by nobody else."""
+    limit = MAX_FILE_BYTES if limit is None else limit
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -198,14 +215,14 @@ def _read_file(path: Path, check_owner: bool) -> bytes:
             message = f"it is {problem}; only files that you alone can write are handed to cuDNN"
             raise PlanFileError(message, "untrusted file")
         parts, total = [], 0
-        while total <= MAX_FILE_BYTES:
+        while total <= limit:
             chunk = os.read(fd, max(st.st_size - total, 0) + (1 << 16))
             if not chunk:
                 break
             parts.append(chunk)
             total += len(chunk)
-        if total > MAX_FILE_BYTES:
-            raise PlanFileError(f"larger than the limit for a plan file ({MAX_FILE_BYTES} bytes)", "oversized")
+        if total > limit:
+            raise PlanFileError(f"larger than the limit for {what} ({limit} bytes)", "oversized")
         return b"".join(parts)
     finally:
         os.close(fd)
@@ -254,6 +271,13 @@ def _regular_files(d: Path) -> Iterator[tuple[Path, os.stat_result]]:
                 yield Path(e.path), st
 
 
+def _records_of(plan_path: Path) -> Path:
+    """The records file beside a plan file (any other path: itself)."""
+    if not plan_path.name.endswith(SUFFIX):
+        return plan_path
+    return plan_path.with_name(plan_path.name[: -len(SUFFIX)] + RECORDS_SUFFIX)
+
+
 def _unlink(path: Path) -> bool:
     """Remove a file; True when it is gone (also when another process removed it first)."""
     try:
@@ -281,6 +305,7 @@ class PlanStore:
         self.max_bytes = max_bytes
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._records_lock = threading.Lock()  # this process's read-modify-write of records files
 
     # ------------------------------------------------------------------ reporting
     def warn_once(self, cause: str, message: str) -> bool:
@@ -310,6 +335,10 @@ class PlanStore:
 
     def path_for(self, key_description: dict[str, Any]) -> Path:
         return self.dir / (self.entry_name(key_description) + SUFFIX)
+
+    def records_path(self, key_description: dict[str, Any]) -> Path:
+        """The file of the records kept beside this key's plan."""
+        return self.dir / (self.entry_name(key_description) + RECORDS_SUFFIX)
 
     # ------------------------------------------------------------------ write
     def _make_dirs(self) -> None:
@@ -342,10 +371,17 @@ class PlanStore:
         head = json.dumps(header, sort_keys=True).encode()
         self._make_dirs()
         path = self.path_for(key_description)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=SUFFIX, dir=self.dir)
+        self._write_atomic(path, MAGIC + struct.pack("<I", len(head)) + head + blob)
+        self.evict(keep=path)
+        return path
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        """``data`` into ``path`` (a 0600 file) through a temporary file renamed into place;
+        no file is left behind when it fails."""
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=path.suffix, dir=self.dir)
         try:
             os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 is filtered by the umask, too
-            _write_all(fd, MAGIC + struct.pack("<I", len(head)) + head + blob)
+            _write_all(fd, data)
             os.fsync(fd)
             os.close(fd)
             fd = -1
@@ -358,8 +394,76 @@ class PlanStore:
                     pass
             _unlink(Path(tmp))
             raise
-        self.evict(keep=path)
+
+    # ------------------------------------------------------------------ records beside a plan
+    def save_record(self, key_description: dict[str, Any], kind: str, name: str, record: dict[str, Any]) -> Path:
+        """Keep ``record`` (a JSON object) as the record ``name`` of ``kind`` for this key,
+        beside its plan, replacing an earlier one of that name; returns the file's path. Raises
+        OSError when it cannot (UntrustedStoreError for a store that may not be used)."""
+        key_description = _canon(key_description)
+        if not isinstance(record, dict):
+            raise TypeError(f"a record is a JSON object (dict), got {type(record).__name__}")
+        with self._records_lock:
+            records = self._read_records(key_description)
+            records.setdefault(str(kind), {})[str(name)] = _canon(record)
+            doc = {"format": RECORDS_FORMAT, "key": key_description, "facts": self.facts,
+                   "fingerprint": self.fingerprint, "records": records}  # fmt: skip
+            data = json.dumps(doc, sort_keys=True).encode()
+            self._make_dirs()
+            path = self.records_path(key_description)
+            self._write_atomic(path, data)
         return path
+
+    def load_records(self, key_description: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+        """The records of ``kind`` kept for this key, by name ({} when there are none). Bad,
+        foreign and untrusted files are skipped (warned once per cause); never raises for the
+        store's contents."""
+        return self._read_records(_canon(key_description)).get(str(kind), {})
+
+    def load_record(self, key_description: dict[str, Any], kind: str, name: str) -> Optional[dict[str, Any]]:
+        """The record ``name`` of ``kind`` kept for this key, or None."""
+        return self.load_records(key_description, kind).get(str(name))
+
+    def _read_records(self, key_description: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every record of this key by kind and name; {} when the file is absent or skipped."""
+        path = self.records_path(key_description)
+        problem = self.trust_problem()
+        if problem is not None:
+            self.warn_once(UntrustedStoreError.cause, self._untrusted_message(problem))
+            return {}
+
+        def skipped(why: object) -> str:
+            return f"te_cudnn: skipping records file {path}: {why}; what it records will be checked again{_FURTHER}"
+
+        try:
+            data = _read_file(path, check_owner=True, limit=MAX_RECORDS_BYTES, what="a records file")
+        except FileNotFoundError:
+            return {}
+        except PlanFileError as exc:
+            self.warn_once(f"records:{exc.cause}", skipped(exc))
+            return {}
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            self.warn_once(f"records-read:{name}", skipped(f"{exc.strerror or exc} ({name})"))
+            return {}
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            self.warn_once("records:unreadable", skipped(f"unreadable ({type(exc).__name__})"))
+            return {}
+        if (not isinstance(doc, dict) or doc.get("format") != RECORDS_FORMAT or doc.get("fingerprint") != self.fingerprint
+                or doc.get("facts") != self.facts or doc.get("key") != key_description):  # fmt: skip
+            self.warn_once("records:foreign", skipped("it was written for another key, machine or format"))
+            return {}
+        records = doc.get("records")
+        if not isinstance(records, dict):
+            return {}
+        try:
+            os.utime(path, follow_symlinks=False)  # eviction follows use, as for plans
+        except (OSError, NotImplementedError):
+            pass
+        return {str(kind): {str(n): r for n, r in named.items() if isinstance(r, dict)}
+                for kind, named in records.items() if isinstance(named, dict)}  # fmt: skip
 
     # ------------------------------------------------------------------ read
     @staticmethod
@@ -427,12 +531,13 @@ class PlanStore:
             return []
 
     def evict(self, keep: Optional[Path] = None, now: Optional[float] = None) -> list[Path]:
-        """Bring the store within ``max_bytes``; returns the plan files removed.
+        """Bring the store within ``max_bytes``; returns the files removed (plans and records).
 
         Victims, least recently used first: this fingerprint's files (except ``keep``, the file
-        just written), then other fingerprints' files unused for FOREIGN_GRACE_SECONDS. Each
-        file is removed on its own: one that cannot be (PermissionError, ...) is passed over.
-        Temporary files of killed writers (older than STALE_TMP_SECONDS) are removed first."""
+        just written, and its records), then other fingerprints' files unused for
+        FOREIGN_GRACE_SECONDS; a plan takes its records with it. Each file is removed on its
+        own: one that cannot be (PermissionError, ...) is passed over. Temporary files of
+        killed writers (older than STALE_TMP_SECONDS) are removed first."""
         now = time.time() if now is None else now
         own: list[tuple[float, int, Path]] = []
         foreign: list[tuple[float, int, Path]] = []
@@ -442,23 +547,36 @@ class PlanStore:
                     if now - st.st_mtime > STALE_TMP_SECONDS:
                         _unlink(p)
                     continue
-                if p.name.endswith(SUFFIX):
+                if p.name.endswith(SUFFIX) or p.name.endswith(RECORDS_SUFFIX):
                     (own if d == self.dir else foreign).append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in own) + sum(size for _, size, _ in foreign)
         if total <= self.max_bytes:
             return []
-        victims = sorted(f for f in own if f[2] != keep)
+        sizes = {p: size for _, size, p in own + foreign}
+        spared = set() if keep is None else {keep, _records_of(keep)}
+        victims = sorted(f for f in own if f[2] not in spared)
         victims += sorted(f for f in foreign if now - f[0] > FOREIGN_GRACE_SECONDS)
-        removed = []
+        removed: list[Path] = []
+        gone: set[Path] = set()
         for _, size, p in victims:
             if total <= self.max_bytes:
                 break
+            if p in gone:
+                continue
             if _unlink(p):
                 removed.append(p)
+                gone.add(p)
                 total -= size
+                records = _records_of(p)
+                if records in sizes and records not in gone and _unlink(records):
+                    removed.append(records)
+                    gone.add(records)
+                    total -= sizes[records]
         return removed
 
     def clear(self, all_fingerprints: bool = True) -> int:
+        """Remove the plans (of every fingerprint, or of this one) and the records beside
+        them; returns how many plans were removed."""
         n = 0
         for p in list(self.entries(all_fingerprints=all_fingerprints)):
             try:
@@ -466,6 +584,11 @@ class PlanStore:
                 n += 1
             except FileNotFoundError:
                 pass
+        base = self.root if all_fingerprints else self.dir
+        if base.exists():
+            for p in sorted(base.glob(f"*/*{RECORDS_SUFFIX}" if all_fingerprints else f"*{RECORDS_SUFFIX}")):
+                if not p.name.startswith(TMP_PREFIX):
+                    _unlink(p)
         return n
 
 

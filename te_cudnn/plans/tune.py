@@ -19,7 +19,15 @@ What tuning a key does (:func:`tune_plan`, on the plan cache's miss path):
 3. run the heuristic plan once, then every other candidate once and compare its outputs with
    the heuristic plan's: a candidate whose results differ by more than the dtype's tolerance
    (:data:`te_cudnn.testing.TOLERANCES` ceiling; :data:`FP8_AGREEMENT` for FP8) is excluded,
-   with the reason, as is one that fails or needs more workspace than the limit;
+   with the reason, as is one that fails or needs more workspace than the limit. These runs
+   (:func:`result_checks`) bind, for padding masks and THD, partial lengths as calls bind them
+   (an empty sequence, shorter ones, a full one, THD gaps: ``te_cudnn.padded_rows``), into
+   results (O; dQ, dK, dV) prefilled with NaN; a candidate, the heuristic plan included, that
+   leaves a row past a sequence's end not exactly zero or a row inside one not finite is
+   excluded with the rows named ("padded rows: ..."), and is never chosen. Where te_cudnn
+   zero-fills a key's results whatever the engine (``te_cudnn.row_fill``), the rows past each
+   sequence's end start at zero, as that fill leaves them. Outputs are compared on the rows
+   inside the sequences;
 4. time the others with CUDA events, side by side (:func:`interleaved_event_timer`: warm-up,
    ~0.3 s of load so the GPU runs at the clock its power limit holds, then ``reps`` interleaved
    rounds with one sample of each candidate; the median) and select the fastest, unless it is
@@ -66,7 +74,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 __all__ = [
     "ENV", "KNOBS_ENV", "RECORD_VERSION", "FP8_AGREEMENT", "Candidate", "CandidateTiming", "Planned", "TuningError",
     "TuningResult", "autotune_enabled", "autotuning", "choose", "cuda_event_timer", "dedupe_names",
-    "format_record", "interleaved_event_timer", "knob_sweep", "add_knob_variants", "make_operands", "measure", "plan_candidates", "tunable",
+    "format_record", "interleaved_event_timer", "knob_sweep", "add_knob_variants", "length_operands", "make_operands",
+    "measure", "plan_candidates", "result_checks", "run_checks", "check_error", "tunable",
     "tune_key", "tune_plan", "tuning_record", "tuning_wanted", "valid_record",
 ]  # fmt: skip
 
@@ -83,9 +92,10 @@ ENV = "TE_CUDNN_AUTOTUNE"
 #: a kernel compilation, once per key.
 KNOBS_ENV = "TE_CUDNN_AUTOTUNE_KNOBS"
 #: The version of the tuning record in a stored plan's header; a record of another version is ignored
-#: (the key is tuned again). 2: candidates timed side by side under sustained load
-#: (:func:`interleaved_event_timer`); version 1 timed them one at a time, at the boost clock.
-RECORD_VERSION = 2
+#: (the key is tuned again). 3: candidates checked with partial lengths into NaN-prefilled
+#: results, those leaving padded rows unwritten excluded (:func:`result_checks`); 2: timed side by
+#: side under sustained load (:func:`interleaved_event_timer`); 1: timed one at a time.
+RECORD_VERSION = 3
 DEFAULT_WARMUP = 3
 DEFAULT_REPS = 10
 #: The fastest candidate replaces the heuristic plan only when it is at least this much faster.
@@ -658,12 +668,67 @@ def _lengths(cfg: Any) -> tuple[list[int], list[int]]:
     return fill(cfg.sq, cfg.ragged_q, cfg.max_total_q), fill(cfg.skv, cfg.ragged_kv, cfg.max_total_kv)
 
 
-def make_operands(graph: Any, uids: Sequence[int], cfg: Any, device: Any, *, seed: int = 0) -> dict[int, Any]:
+def _multipliers(cfg: Any) -> dict[int, int]:
+    """Elements per token of each THD tensor, by its ragged-offset uid (``te_cudnn.varlen``'s)."""
+    from ..backends.base import Uid  # noqa: PLC0415
+
+    return {Uid.RAGGED_Q: cfg.q_stride[2], Uid.RAGGED_O: cfg.h * cfg.d_v, Uid.RAGGED_STATS: cfg.h,
+            Uid.RAGGED_K: cfg.k_stride[2], Uid.RAGGED_V: cfg.v_stride[2]}  # fmt: skip
+
+
+def length_operands(graph: Any, uids: Sequence[int], cfg: Any, device: Any, *,
+                    lengths: Optional[tuple[Sequence[int], Sequence[int]]] = None,
+                    cu_tokens: Optional[tuple[Optional[Sequence[int]], Optional[Sequence[int]]]] = None,
+                    ) -> dict[int, Any]:  # fmt: skip
+    """The operands of ``uids`` that say where sequences are: lengths (``[b, 1, 1, 1]`` int32)
+    and THD ragged offsets (``[b + 1, 1, 1, 1]`` int64 elements), in the graph's own dtypes.
+    ``lengths``: (q, kv) per-sequence lengths as bound (default: :func:`_lengths`);
+    ``cu_tokens``: (q, kv) token offsets ``[b + 1]`` where each side's sequences start, for THD
+    sides (None: packed one after another, the cumulative lengths)."""
+    import torch  # noqa: PLC0415
+
+    from ..backends.base import Uid  # noqa: PLC0415
+
+    device = torch.device(device)
+    dtypes = _torch_dtypes()
+    lens_q, lens_kv = _lengths(cfg) if lengths is None else (list(lengths[0]), list(lengths[1]))
+    cu_q, cu_kv = (None, None) if cu_tokens is None else cu_tokens
+    multipliers = _multipliers(cfg)
+    ops: dict[int, Any] = {}
+    for uid in uids:
+        if uid not in (Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV) and uid not in multipliers:
+            continue
+        t = graph.find_tensor(uid)
+        if t is None:
+            raise ValueError(f"the graph has no tensor with uid {uid} ({Uid.NAMES.get(uid, '?')})")
+        dtype = dtypes[t.data_type]
+        if uid in (Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV):
+            values = lens_q if uid == Uid.SEQ_LEN_Q else lens_kv
+        else:
+            q_side = uid in (Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS)
+            cum = cu_q if q_side else cu_kv
+            if cum is None:
+                cum = [0]
+                for n in lens_q if q_side else lens_kv:
+                    cum.append(cum[-1] + n)
+            values = [c * multipliers[uid] for c in cum]
+        flat = torch.tensor(list(values), dtype=dtype, device=device)
+        dims, strides = [int(x) for x in t.dim], [int(x) for x in t.stride]
+        extent = 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if all(dims) else 0
+        ops[uid] = flat if flat.numel() != extent else flat.as_strided(dims, strides)
+    return ops
+
+
+def make_operands(graph: Any, uids: Sequence[int], cfg: Any, device: Any, *, seed: int = 0,
+                  lengths: Optional[tuple[Sequence[int], Sequence[int]]] = None,
+                  cu_tokens: Optional[tuple[Optional[Sequence[int]], Optional[Sequence[int]]]] = None,
+                  ) -> dict[int, Any]:  # fmt: skip
     """A buffer for every operand uid of a planned (or validated) graph, with the graph's own
     dims, strides and dtypes: dense tensors as strided views, THD (ragged) tensors as flat
     buffers sized for their token capacity. Inputs are random normal (FP8: cast from bf16);
     outputs are zeros; operands cuDNN reads as data are valid: sequence lengths full (THD:
-    as :func:`_lengths`), ragged offsets dense (``te_cudnn.ops``' multipliers), page tables the
+    as :func:`_lengths`; or ``lengths``), ragged offsets dense (``te_cudnn.ops``' multipliers;
+    or starting at ``cu_tokens``: :func:`length_operands`), page tables the
     identity (sequence ``i`` owns pages ``i * n ... i * n + n - 1``, modulo the pool), dropout
     seed 1234 and offset 0, FP8 scales and descales 1 except the softmax's (``scale_s`` = 448,
     the E4M3 maximum, ``descale_s`` = 1/448: probabilities are at most 1, as delayed scaling
@@ -678,10 +743,8 @@ def make_operands(graph: Any, uids: Sequence[int], cfg: Any, device: Any, *, see
     dtypes = _torch_dtypes()
     outputs = {t.uid for t in graph.get_outputs()}
     gen = torch.Generator(device=device).manual_seed(seed)
-    lens_q, lens_kv = _lengths(cfg)
+    where = length_operands(graph, uids, cfg, device, lengths=lengths, cu_tokens=cu_tokens)
     q_side = {Uid.Q, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.MAX}
-    multipliers = {Uid.RAGGED_Q: cfg.q_stride[2], Uid.RAGGED_O: cfg.h * cfg.d_v, Uid.RAGGED_STATS: cfg.h,
-                   Uid.RAGGED_K: cfg.k_stride[2], Uid.RAGGED_V: cfg.v_stride[2]}  # fmt: skip
     scales = set(range(Uid.DESCALE_Q, Uid.SCALE_O + 1)) | {Uid.DESCALE_O, Uid.DESCALE_DO, Uid.DESCALE_DP, Uid.SCALE_DQ,
                                                            Uid.SCALE_DK, Uid.SCALE_DV, Uid.SCALE_DP}  # fmt: skip
     fp8 = {d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None}
@@ -697,16 +760,11 @@ def make_operands(graph: Any, uids: Sequence[int], cfg: Any, device: Any, *, see
             extent = max(tokens - 1, 0) * strides[2] + (dims[1] - 1) * strides[1] + (dims[3] - 1) * strides[3] + 1
         else:
             extent = 1 + sum((d - 1) * s for d, s in zip(dims, strides)) if all(dims) else 0
+        if uid in where:  # lengths and ragged offsets: already the graph's dims
+            ops[uid] = where[uid]
+            continue
         if uid in outputs:
             flat = torch.zeros(extent, dtype=dtype, device=device)
-        elif uid in (Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV):
-            flat = torch.tensor(lens_q if uid == Uid.SEQ_LEN_Q else lens_kv, dtype=dtype, device=device)
-        elif uid in multipliers:
-            lens = lens_q if uid in (Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS) else lens_kv
-            cum = [0]
-            for n in lens:
-                cum.append(cum[-1] + n)
-            flat = torch.tensor([c * multipliers[uid] for c in cum], dtype=dtype, device=device)
         elif uid in (Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V):
             pages, per_seq = cfg.paged[0], dims[2]
             flat = (torch.arange(dims[0] * per_seq, dtype=torch.int64, device=device) % pages).to(dtype)
@@ -740,6 +798,58 @@ def _agreement_error(name: str, actual: Any, reference: Any, tol: float) -> Opti
     err = float((a - r).norm() / r.norm().clamp_min(1e-30)) if r.numel() else 0.0
     if err > tol:
         return f"{name}: relative difference {err:.3e} from the heuristic plan's result exceeds {tol:.1e}"
+    return None
+
+
+def result_checks(key: Any, graph: Any, uids: Sequence[int], ops: dict[int, Any], device: Any) -> list[Any]:
+    """The runs of the agreement check (:class:`te_cudnn.padded_rows.ResultCheck`): for padding
+    masks and THD, partial lengths as calls bind them (an empty sequence, shorter ones, a full
+    one; :func:`te_cudnn.padded_rows.probe_batches`), sharing ``ops``' inputs and outputs.
+    The promised results (O; dQ, dK, dV) are prefilled with NaN, so a row an engine leaves
+    unwritten shows; where te_cudnn zero-fills them for this key whatever the engine
+    (``te_cudnn.row_fill``'s static rule), the rows past each sequence's end start at zero, as
+    the fill leaves them (``fill_padded``)."""
+    from ..backends import BY_ENUM, Direction  # noqa: PLC0415
+    from ..padded_rows import ResultCheck, probe_batches  # noqa: PLC0415
+    from ..row_fill import skips_grads_fill, skips_out_fill  # noqa: PLC0415
+
+    cfg, backend = key.config, BY_ENUM[key.backend]
+    skips = (skips_out_fill if key.direction == Direction.FWD else skips_grads_fill)(cfg, backend)
+    filled = (cfg.mask.is_padding or cfg.is_ragged) and not skips
+    return [ResultCheck(graph, uids, cfg, key.direction, ops, batch, device, fill_padded=filled)
+            for batch in probe_batches(cfg, backend)]  # fmt: skip
+
+
+def run_checks(checks: Sequence[Any], run: Callable[[dict], None]) -> tuple[list[dict], Optional[str]]:
+    """Run one plan on each check's operands (``run(ops)``, which returns when the results are
+    there) into prefilled results: the outputs to compare (:meth:`ResultCheck.snapshot`, one
+    per check) and why the promised rows are wrong (None: they are right)."""
+    got, problems = [], []
+    for check in checks:
+        check.prefill()
+        run(check.ops)
+        problem = check.problems()
+        if problem is not None:
+            problems.append(problem)
+        got.append(check.snapshot())
+    return got, "; ".join(problems) or None
+
+
+def check_error(got: Sequence[dict], problem: Optional[str], reference: Sequence[dict], outputs: Sequence[int],
+                tol: float) -> Optional[str]:  # fmt: skip
+    """Why a candidate is excluded (None: it passes): its promised rows are wrong ("padded
+    rows: ..."; such an engine is never chosen, whatever its speed), or an output differs from
+    the heuristic plan's by more than ``tol`` ("numerics: ..."). ``got`` / ``problem``:
+    :func:`run_checks`' answer for the candidate, ``reference``: for the heuristic plan."""
+    from ..backends.base import Uid  # noqa: PLC0415
+
+    if problem is not None:
+        return f"padded rows: {problem}"
+    for mine, ref in zip(got, reference):
+        for uid in outputs:
+            why = _agreement_error(Uid.NAMES.get(uid, str(uid)), mine[uid], ref[uid], tol)
+            if why is not None:
+                return f"numerics: {why}"
     return None
 
 
@@ -965,6 +1075,7 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
     ops = make_operands(g, uids, cfg, device)
     outputs = [uid for uid in uids if uid in {t.uid for t in g.get_outputs()}]
     tol = agreement_tolerance(cfg.dtype)
+    checks = result_checks(key, g, uids, ops, device) if check_numerics else []
 
     # one workspace for every candidate (they run one after another on this stream): the
     # candidates are prepared before they are timed side by side
@@ -983,21 +1094,24 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
         execute(index, ws)
         torch.cuda.synchronize(device)
 
-    reference = None
+    def run_checked(index: int, ws: Any) -> tuple[list[dict], Optional[str]]:
+        def run(check_ops: dict) -> None:
+            g.execute_plan_at_index(check_ops, ws, index=index, handle=handle)
+            torch.cuda.synchronize(device)
+
+        return run_checks(checks, run)
+
+    reference, heur_problem = None, None
     if check_numerics:
-        run_once(heur.index, workspace(heur))
-        reference = {uid: ops[uid].clone() for uid in outputs}
+        reference, heur_problem = run_checked(heur.index, workspace(heur))
 
     def run_for(c: Candidate) -> Callable[[], None]:
         ws = workspace(c)
-        if reference is not None and c.index != heur.index:
-            run_once(c.index, ws)
-            from ..backends.base import Uid  # noqa: PLC0415
-
-            for uid in outputs:
-                why = _agreement_error(Uid.NAMES.get(uid, str(uid)), ops[uid], reference[uid], tol)
-                if why is not None:
-                    raise TuningError(f"numerics: {why}")
+        if reference is not None:
+            got, problem = (reference, heur_problem) if c.index == heur.index else run_checked(c.index, ws)
+            why = check_error(got, problem, reference, outputs, tol)
+            if why is not None:
+                raise TuningError(why)
         return lambda: execute(c.index, ws)
 
     if timer is None:  # on the device: every candidate side by side, under sustained load
@@ -1005,7 +1119,9 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
     else:
         timings = measure(candidates, run_for, timer, warmup=warmup, reps=reps)
     chosen, heuristic, rule = choose(timings, heur.index, min_speedup)
-    if timer is None and heuristic is not None and chosen.index != heuristic.index:
+    if heuristic is not None and heuristic.error is not None:
+        rule = f"{rule}; the heuristic plan was rejected ({heuristic.error})"
+    if timer is None and heuristic is not None and heuristic.error is None and chosen.index != heuristic.index:
         # confirm a swap the way calls run in training loops and CUDA graphs: each plan's launches
         # captured in a CUDA graph, the two graphs replayed in alternation (on an H100 a forward
         # engine measured 1.34x faster back-to-back above ran 2x slower than the heuristic one
