@@ -17,20 +17,29 @@ captured graph (``te_cudnn.varlen``). Work on the legacy default stream (raw han
 default stream) is never captured: CUDA refuses to begin a capture there, and torch's
 ``CUDAGraph`` requires a non-default stream. So a launch there skips the capture query (about
 0.3 µs on an H100 host, paid by every launch of a plan with workspace on another stream).
+
+Operand check (a debug mode, off by default): with ``TE_CUDNN_CHECK_OPERANDS=1`` in the
+environment (read once, at import) or after ``check_operands(True)``, ``execute`` compares
+every operand it binds with the tensor the plan's graph declares for that uid (dims, strides,
+dtype, device, alignment) and ``launch`` what its pointers allow (their count, null pointers,
+alignment); a mismatch raises ``ValueError`` naming the operand, what the graph declares and
+what was bound, before anything runs. Off, each costs one test of a module flag.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 import threading
 import weakref
 from array import array
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from .backends.base import Uid
 from .plans.handles import current_raw_stream, handle_for, release_thread_handles
 
 if TYPE_CHECKING:
@@ -39,11 +48,17 @@ if TYPE_CHECKING:
 __all__ = [
     "launch", "execute", "is_capturing", "capture_id", "release_workspaces", "misaligned", "check_aligned",
     "seed_offset", "current_raw_stream", "current_device", "data_ptr", "FWD_NAMES", "BWD_NAMES",
+    "check_operands", "checking_operands", "DeclaredOperand", "declared_operands", "declared_in_graph",
+    "operand_mismatches", "check_bound", "check_pointers", "operand_checks",
 ]  # fmt: skip
 
 #: The names of the leading operands whose 16-byte alignment a launch checks (error messages).
 FWD_NAMES = ("q", "k", "v", "out", "softmax_lse")
 BWD_NAMES = ("q", "k", "v", "o", "aux_ctx_tensors[0]", "d_o")
+
+#: Whether :func:`execute` and :func:`launch` check their operands: the debug mode of
+#: ``TE_CUDNN_CHECK_OPERANDS=1`` (read here, once) and :func:`check_operands`.
+_check = os.environ.get("TE_CUDNN_CHECK_OPERANDS", "0") == "1"
 
 data_ptr = torch.Tensor.data_ptr
 try:  # the C entry point behind torch.cuda.current_device (the device guard's one integer compare)
@@ -236,6 +251,8 @@ def launch(plan: CompiledPlan, ptrs: array, index: int) -> None:
     read, one dict lookup and the native call; everything else is :func:`_context`. When the
     device is not the current one (model parallel in one process, Hugging Face ``device_map``),
     the launch runs under a guard that makes it current."""
+    if _check:  # the operand-check debug mode (off: this one test)
+        check_pointers(plan, ptrs)
     if index != current_device():
         with torch.cuda.device(index):
             return launch(plan, ptrs, index)
@@ -260,6 +277,8 @@ def execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devic
     alignment is checked from the same pointers the launch reads (``FWD_NAMES`` /
     ``BWD_NAMES``). ``rng_state``: dropout's [seed, offset] tensor, bound after ``buffers``
     as the graph's seed and offset operands (by address: no views on the raw path)."""
+    if _check:  # the operand-check debug mode (off: this one test)
+        check_bound(plan, buffers if rng_state is None else [*buffers, *seed_offset(rng_state)], device)
     launcher = plan.launch
     if launcher.mode == "raw":
         ptrs = array("Q", map(data_ptr, buffers))  # the pointer array the raw launch reads
@@ -282,3 +301,209 @@ def execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devic
     launcher(buffers, entry[2], entry[0])
 
 
+# ------------------------------------------------------------------- operand check (debug mode)
+
+#: How many bindings the debug mode compared: ``tensors`` (:func:`check_bound`, every operand's
+#: geometry) and ``pointers`` (:func:`check_pointers`, what a pointer array allows).
+operand_checks: dict[str, int] = {"tensors": 0, "pointers": 0}
+
+
+def check_operands(enabled: bool) -> None:
+    """Turn the operand check on or off (``TE_CUDNN_CHECK_OPERANDS=1`` turns it on at import).
+
+    Prepared calls are forgotten, so that the next calls prepare again under the new mode."""
+    global _check
+    if not isinstance(enabled, bool):
+        raise TypeError(f"check_operands takes a bool, got {type(enabled).__name__}")
+    _check = enabled
+    ops = sys.modules.get(f"{__package__}.ops")
+    if ops is not None:
+        ops.forget_prepared()
+
+
+def checking_operands() -> bool:
+    """Whether the operand check is on."""
+    return _check
+
+
+class DeclaredOperand(NamedTuple):
+    """One operand as a plan's graph declares it."""
+
+    uid: int
+    role: str  # the graph's name for it, and what the caller passes that becomes it
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype: Optional[torch.dtype]  # None: a type the graph infers and no validated graph gave
+    ragged: bool  # THD: [b, h, s, d] placed by ragged offsets; bound as token-major [t, h, d]
+    align: int  # bytes its start must be a multiple of
+
+    def describe(self) -> str:
+        what = "THD [t, h, d] placed by ragged offsets, declared " if self.ragged else ""
+        dtype = "dtype not declared" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        return f"{what}dims {list(self.dims)} strides {list(self.strides)} {dtype}, {self.align}-byte aligned"
+
+
+#: What a caller passes that becomes the operand of each uid, where the graph's name does not
+#: say it (error messages).
+_ORIGINS = {
+    Uid.K: "k, or fused_attn_decode's k_cache", Uid.V: "v, or fused_attn_decode's v_cache",
+    Uid.O: "out, or o in the backward", Uid.STATS: "softmax_lse, or aux_ctx_tensors[0] in the backward",
+    Uid.BIAS: "attn_bias, or aux_ctx_tensors[2] in the backward", Uid.SEED: "rng_state[0]",
+    Uid.OFFSET: "rng_state[1]", Uid.SEQ_LEN_Q: "lengths from cu_seqlens_q",
+    Uid.SEQ_LEN_KV: "lengths from cu_seqlens_kv, or fused_attn_decode's cache_seqlens",
+    Uid.RAGGED_Q: "offsets from cu_seqlens_q(_padded)", Uid.RAGGED_K: "offsets from cu_seqlens_kv(_padded)",
+    Uid.RAGGED_V: "offsets from cu_seqlens_kv(_padded)", Uid.RAGGED_O: "offsets from cu_seqlens_q(_padded)",
+    Uid.RAGGED_STATS: "offsets from cu_seqlens_q(_padded)",
+    Uid.PAGE_TABLE_K: "page_table_k, or fused_attn_decode's page_table",
+    Uid.PAGE_TABLE_V: "page_table_v, or fused_attn_decode's page_table", Uid.SINK: "softmax_offset",
+    Uid.MAX: "the max_logit rows",
+}  # fmt: skip
+#: Operands whose start must lie on a 16-byte boundary (te_cudnn checks, copies or allocates
+#: them so); the others (lengths, ragged offsets, seed and offset, FP8 scales and amaxes) need
+#: only their element's alignment (FP8 scales are slots of a metadata table, the offset is
+#: rng_state[1]).
+_ALIGNED_16 = frozenset({Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.BIAS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, Uid.DBIAS,
+                         Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V, Uid.DS, Uid.SINK, Uid.DSINK, Uid.MAX})  # fmt: skip
+
+_declared: "weakref.WeakKeyDictionary[Any, tuple[DeclaredOperand, ...]]" = weakref.WeakKeyDictionary()
+_declared_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtypes() -> dict:
+    """cuDNN data type -> torch dtype, for the types te_cudnn binds."""
+    from .runtime import torch_dtype_to_cudnn  # noqa: PLC0415
+
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64]
+    dtypes += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    return {torch_dtype_to_cudnn(dt): dt for dt in dtypes}
+
+
+def declared_in_graph(graph: Any, uids: Sequence[int]) -> Optional[tuple[DeclaredOperand, ...]]:
+    """The operands ``graph`` declares for ``uids`` (in that order), read from the frontend's
+    tensor descriptions; None when the graph holds none for some uid (a plan deserialized from
+    the plan store carries no descriptions) or leaves one without dims."""
+    out = []
+    for uid in uids:
+        try:
+            t = graph.find_tensor(uid)
+        except Exception:  # another frontend: no descriptions to read
+            return None
+        if t is None or not t.dim or not t.stride:
+            return None
+        dtype = _torch_dtypes().get(t.data_type) if t.data_type is not None else None
+        dims, strides = tuple(int(n) for n in t.dim), tuple(int(s) for s in t.stride)
+        numel = 1
+        for n in dims:
+            numel *= n
+        item = dtype.itemsize if dtype is not None else 1
+        name = Uid.NAMES.get(uid, f"uid {uid}")
+        origin = _ORIGINS.get(uid)
+        role = name if origin is None else f"{name} (from {origin})"
+        out.append(DeclaredOperand(uid, role, dims, strides, dtype, t.ragged_offset is not None,
+                                   16 if uid in _ALIGNED_16 and numel > 1 else item))  # fmt: skip
+    return tuple(out)
+
+
+def declared_operands(plan: CompiledPlan) -> tuple[DeclaredOperand, ...]:
+    """The operands ``plan`` binds, in its uid order, as its graph declares them (read once per
+    plan). A plan loaded from the plan store carries no tensor descriptions: its sub-backend's
+    builder makes the graph of its key again, on the host (no device, no cuDNN planning)."""
+    found = _declared.get(plan)
+    if found is not None:
+        return found
+    found = declared_in_graph(plan.graph, plan.uids)
+    if found is None:
+        from .backends import BY_ENUM  # noqa: PLC0415
+
+        key = plan.key
+        spec = BY_ENUM[key.backend].build(key.config, key.direction)
+        try:
+            spec.graph.validate()  # infers the data types of outputs the builder leaves to the graph
+        except Exception:  # noqa: BLE001 - dims and strides are declared either way
+            pass
+        found = declared_in_graph(spec.graph, plan.uids)
+        if found is None:
+            raise RuntimeError(f"the graph of {key} declares no tensor for some of its operands {plan.uids}")
+    with _declared_lock:
+        _declared[plan] = found
+    return found
+
+
+def _pairs(dims: Sequence[int], strides: Sequence[int]) -> list[tuple[int, int]]:
+    """(size, stride) of every dim longer than 1, sorted: the elements a geometry addresses,
+    whatever order its dims are listed in (the graph's BHSD against the caller's format)."""
+    return sorted((int(n), int(s)) for n, s in zip(dims, strides) if n != 1)
+
+
+def _geometry_matches(d: DeclaredOperand, t: torch.Tensor) -> bool:
+    if d.ragged:  # bound [t, h, d]: the head and feature dims and the token stride are declared
+        if t.dim() != 3 or len(d.dims) != 4:
+            return False
+        if _pairs(t.shape[1:], t.stride()[1:]) != _pairs((d.dims[1], d.dims[3]), (d.strides[1], d.strides[3])):
+            return False
+        return t.shape[0] <= 1 or t.stride(0) == d.strides[2]
+    return _pairs(t.shape, t.stride()) == _pairs(d.dims, d.strides)
+
+
+def _bound(t: Any) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}, not a tensor"
+    return (f"shape {list(t.shape)} strides {list(t.stride())} {str(t.dtype).removeprefix('torch.')} on {t.device}, "
+            f"data_ptr % 16 = {t.data_ptr() % 16}")  # fmt: skip
+
+
+def operand_mismatches(declared: Sequence[DeclaredOperand], buffers: Sequence[Any],
+                       device: Optional[torch.device] = None) -> list[str]:  # fmt: skip
+    """What differs between the operands a graph declares and the tensors bound to them, one
+    line per operand (empty: they agree): the count, then per operand that it is a tensor, its
+    geometry (dims with their strides, in any order: the graph's BHSD against the caller's
+    format; THD tensors by their head and feature dims and token stride), dtype, device (when
+    ``device`` is given) and alignment."""
+    problems = []
+    if len(buffers) != len(declared):
+        problems.append(f"{len(buffers)} operands bound but the graph declares {len(declared)}: "
+                        f"{', '.join(d.role for d in declared)}")  # fmt: skip
+    for d, t in zip(declared, buffers):
+        why = []
+        if not isinstance(t, torch.Tensor):
+            why.append("not a tensor")
+        else:
+            if not _geometry_matches(d, t):
+                why.append("geometry differs")
+            if d.dtype is not None and t.dtype != d.dtype:
+                why.append("dtype differs")
+            if device is not None and t.device != device:
+                why.append(f"not on {device}")
+            if t.data_ptr() % d.align:
+                why.append(f"not {d.align}-byte aligned")
+        if why:
+            problems.append(f"{d.role} (uid {d.uid}): {' and '.join(why)}: the graph declares {d.describe()}; "
+                            f"bound {_bound(t)}")  # fmt: skip
+    return problems
+
+
+def check_bound(plan: CompiledPlan, buffers: Sequence[Any], device: Optional[torch.device] = None) -> None:
+    """Raise ``ValueError`` when ``buffers`` (in ``plan``'s uid order) are not the tensors its
+    graph declares (:func:`operand_mismatches`)."""
+    operand_checks["tensors"] += 1
+    problems = operand_mismatches(declared_operands(plan), buffers, device)
+    if problems:
+        raise ValueError(f"operands bound to the plan for {plan.key} differ from its graph's: " + "; ".join(problems))
+
+
+def check_pointers(plan: CompiledPlan, ptrs: Sequence[int]) -> None:
+    """Raise ``ValueError`` when a pointer array cannot be ``plan``'s operands: another count
+    than its uids, a null pointer, a start its operand's alignment forbids. (Pointers carry no
+    geometry: :func:`execute` checks the tensors they come from.)"""
+    operand_checks["pointers"] += 1
+    declared = declared_operands(plan)
+    problems = []
+    if len(ptrs) != len(declared):
+        problems.append(f"{len(ptrs)} pointers for the {len(declared)} operands {', '.join(d.role for d in declared)}")
+    for d, p in zip(declared, ptrs):
+        if p == 0 or p % d.align:
+            problems.append(f"{d.role} (uid {d.uid}): pointer {p:#x} " + ("is null" if p == 0 else
+                            f"is not {d.align}-byte aligned") + f"; the graph declares {d.describe()}")  # fmt: skip
+    if problems:
+        raise ValueError(f"pointers bound to the plan for {plan.key} cannot be its operands: " + "; ".join(problems))

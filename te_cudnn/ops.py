@@ -52,11 +52,13 @@ from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .plans.split import chosen_split, slice_operand, split_config
 from .plans.tune import autotuning
 from .policy import token as _policy_token
+from .served import as_padding_mask, full_lengths, head_pad, padded_bwd, padded_fwd
 from .sink_grad import sink_grad
 from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
 from .row_fill import Lengths, fills_grads, fills_out
 from .runtime import RuntimeEnv, current_env, frontend_version
 from .launch import BWD_NAMES as _BWD_NAMES
+from .launch import checking_operands as _checking_operands
 from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
@@ -132,6 +134,7 @@ class _Prepared:
     one_query: Optional[torch.Tensor] = None  # int32 ones [b,1,1,1]: the query lengths of Lengths.ONE_QUERY
     fill_out: bool = False  # forward: zero O before cuDNN writes it (rows cuDNN may leave unwritten)
     fill_grads: bool = False  # backward: zero dQ, dK, dV likewise
+    head_pad: Optional[tuple[int, int]] = None  # head dims not a multiple of 8: run padded (te_cudnn.served)
     plan: Optional[CompiledPlan] = None
     split_plan: Optional[tuple] = None  # FP8 backward run in parts: ((dim, parts), the parts' plan)
     index: int = -1  # device.index, read on every launch (set from device)
@@ -636,6 +639,9 @@ def fused_attn_fwd(
         _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8, paging or sink: the shortest path
         return plain_fwd(prep, q, k, v, out, softmax_lse, rng_state, rng_gen)
+    if prep.head_pad is not None:  # head dims not a multiple of 8: on padded copies (te_cudnn.served)
+        given = locals()
+        return padded_fwd(prep.head_pad, FwdArgs(**{n: given[n] for n in FwdArgs._fields}), fused_attn_fwd)
     if prep.empty:
         return _empty_fwd(prep, q, out, softmax_lse, attn_bias, rng_gen, ((amax_s, amax_s_offset), (amax_o, amax_o_offset)),
                           softmax_offset)  # fmt: skip
@@ -822,6 +828,18 @@ def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
     _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
     if a.rng_gen is not None and not isinstance(a.rng_gen, torch.Generator):
         raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a.rng_gen).__name__}")
+    pad = head_pad(cfg)
+    if pad is not None:  # head dims not a multiple of 8: each call runs on padded copies (te_cudnn.served)
+        _check_result_buffer("out", a.out, (*a.q.shape[:-1], cfg.d_v), cfg.dtype, a.q)
+        _require_cuda(cfg, a.q)
+        _log.debug("%s: head dims padded to %s (q, k, v copied per call)", cfg.summary(), pad)
+        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
+                         rng_increment=0, head_pad=pad)  # fmt: skip
+        _remember(_fwd_memo, sig, prep)
+        return prep
+    full_form = as_padding_mask(cfg)  # rows without a key: through the padding-mask graph (te_cudnn.served)
+    if full_form is not None:
+        cfg = full_form
 
     def stats_kind(saves_softmax: bool) -> tuple[tuple[int, ...], torch.dtype]:
         if saves_softmax:  # max512: the full softmax S in the io dtype (cuDNN's F16x16 tile order)
@@ -862,16 +880,21 @@ def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
     prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
-    _length_fields(prep)
+    _length_fields(prep)  # fill_out: True until the plan's engine is known
+    if full_form is not None:  # constant lengths, bound like max512's; O zero-filled (rows without a key)
+        prep.varlen = False
+        prep.full_lens = full_lengths(cfg, prep.device)
     prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a.attn_bias is not None
-                      or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit)  # fmt: skip
+                      or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit
+                      or prep.full_lens is not None or _checking_operands())  # fmt: skip
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
         prep.zero_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
     if cfg.bias_copy:
         _log.debug("attn_bias %s stride %s (data_ptr %% 16 = %d) cannot be read by cuDNN in place: each call copies it "
                    "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a.attn_bias.stride()),
                    a.attn_bias.data_ptr() % 16, cfg.bias_stride)  # fmt: skip
-    prep.full_lens = _full_lens(cfg, prep)
+    if full_form is None:
+        prep.full_lens = _full_lens(cfg, prep)
     prep.zero_stats = prep.softmax_aux and cfg.mask.is_causal
     if not cfg.empty:
         _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
@@ -969,7 +992,7 @@ def fused_attn_bwd(
         sig: Optional[tuple] = (
             (q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv) if q.dim() == 4 and k.dim() == 4
             else _thd_sizes(q.shape, k.shape, v.shape, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv),
-            q.stride(), k.stride(), v.stride(), o.stride(), d_o.stride(), q.dtype, k.dtype, v.dtype, o.dtype,
+            q.stride(), k.stride(), v.stride(), o.shape, o.stride(), d_o.shape, d_o.stride(), q.dtype, k.dtype, v.dtype, o.dtype,
             d_o.dtype, q.get_device(), k.get_device(), v.get_device(), o.get_device(), d_o.get_device(), qkv_dtype,
             fused_attention_backend, attn_scale, dropout, qkv_layout, attn_bias_type, attn_mask_type, softmax_type,
             window_size if window_size.__class__ is tuple else tuple(window_size), bottom_right_diagonal,
@@ -1007,6 +1030,9 @@ def fused_attn_bwd(
         _prepared.append(prep)
     if prep.plain:  # dense F16, no bias, FP8 or sink: the shortest path
         return plain_bwd(prep, q, k, v, o, d_o, aux_ctx_tensors[0], aux_ctx_tensors[1])
+    if prep.head_pad is not None:  # head dims not a multiple of 8: on padded copies (te_cudnn.served)
+        given = locals()
+        return padded_bwd(prep.head_pad, BwdArgs(**{n: given[n] for n in BwdArgs._fields}), fused_attn_bwd)
     if prep.empty:
         return empty_bwd(prep.cfg, q, k, v, aux_ctx_tensors[2] if prep.cfg.has_dbias else None,
                          ((amax_dp, amax_dp_offset), (amax_dqkv, amax_dqkv_offset)) if prep.fp8 else ())  # fmt: skip
@@ -1072,6 +1098,8 @@ def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         buffers += sink_ops
     if prep.varlen:
         buffers += _buffers_for(prep, cu_seqlens, lengths)
+    elif prep.full_lens is not None:
+        buffers += prep.full_lens
     _execute(plan, buffers, prep.device)
     if cfg.has_dsink and not cfg.dsink_in_graph:
         d_sink = _sink_grad(cfg, o, d_o, aux[0], aux[prep.sink_index], cu_seqlens[0])
@@ -1212,6 +1240,15 @@ def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
                  "q_scale_dqkv", "amax_dp", "amax_dqkv")  # fmt: skip
     _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
     env = _require_cuda(cfg, a.q)
+    pad = head_pad(cfg)
+    if pad is not None:  # head dims not a multiple of 8: each call runs on padded copies (te_cudnn.served)
+        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
+                         rng_increment=0, head_pad=pad)  # fmt: skip
+        _remember(_bwd_memo, sig, prep)
+        return prep
+    full_form = as_padding_mask(cfg)  # rows without a key: through the padding-mask graph (te_cudnn.served)
+    if full_form is not None:
+        cfg = full_form
     if cfg.empty:  # nothing to differentiate: zeros, whichever sub-backend the forward's aux came from
         prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
                          rng_increment=0, fp8=cfg.dtype not in (torch.float16, torch.bfloat16), empty=True)  # fmt: skip
@@ -1234,8 +1271,12 @@ def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     _length_fields(prep)  # the forward's lengths
     prep.full_lens = _full_lens(cfg, prep)
+    if full_form is not None:  # constant lengths; dQ, dK, dV zero-filled (rows without a key)
+        prep.varlen = False
+        prep.full_lens = full_lengths(cfg, prep.device)
     prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
-    prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias)
+    prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias
+                      or prep.full_lens is not None or _checking_operands())  # fmt: skip
     if prep.plain and layout_info(cfg.layout).group == QKVLayoutGroup.L_HD_HD_HD:
         q, k, v = a.q, a.k, a.v
         prep.grad_templates = tuple(_template(t.shape, t.dtype, prep.device) for t in (q, k, v))
@@ -1255,6 +1296,7 @@ class Explanation:
     reasons: dict[str, list[str]]  # sub-backend name -> reasons (empty = supported)
     config: AttnConfig
     env: RuntimeEnv
+    served_as: Optional[str] = None  # the form the call runs in, where cuDNN declines the one it comes in
 
     @property
     def empty(self) -> bool:
@@ -1263,6 +1305,8 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = [f"{self.config.summary()}", f"on {self.env.describe()}", f"-> {self.backend.name}"]
+        if self.served_as:
+            lines.append(f"   (served {self.served_as})")
         if self.empty:
             lines.append("   (an empty call: zero-size results without a cuDNN call; no graph is built)")
         for name, why in self.reasons.items():
@@ -1308,7 +1352,7 @@ def explain(
     for name, value in (("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {_value(value)}")
-    cfg = describe_shapes(
+    shapes = dict(
         is_training=is_training, dtype=q_dtype, qkv_layout=qkv_layout, attn_bias_type=attn_bias_type,
         attn_mask_type=attn_mask_type, softmax_type=softmax_type, dropout=dropout, num_attn_heads=num_attn_heads,
         num_gqa_groups=num_gqa_groups, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
@@ -1316,12 +1360,23 @@ def explain(
         deterministic=deterministic, batch_size=batch_size, bias_shape=bias_shape,
         return_max_logit=return_max_logit, cuda_graph=cuda_graph,
     )  # fmt: skip
+    cfg = describe_shapes(**shapes)
+    served_as = None  # the form te_cudnn runs the call in, when cuDNN declines the one it comes in (te_cudnn.served)
+    pad = head_pad(cfg)
+    if pad is not None:
+        cfg = describe_shapes(**{**shapes, "head_dim_qk": pad[0], "head_dim_v": pad[1]})
+        served_as = f"head dims padded with zero columns to d_qk={pad[0]}, d_v={pad[1]} (q, k, v copied per call)"
+    full_form = as_padding_mask(cfg)
+    if full_form is not None:
+        cfg = full_form
+        form = f"as {cfg.mask.name} with full lengths (sq > skv: the first query rows see no key and come back as zeros)"
+        served_as = form if served_as is None else f"{served_as}; {form}"
     env = env or current_env()
     policy = _policy.current()  # a te_cudnn.backend_policy context or the environment: forced, forbidden
     per_backend = _policy.explain_config(cfg, env, Direction.FWD, policy)
     serving = [BY_ENUM[b] for b, why in per_backend.items() if not why]
     chosen = _policy.choose(serving, cfg, env, Direction.FWD, policy).enum if serving else FusedAttnBackend.No_Backend
-    return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env)
+    return Explanation(chosen, {b.name: why for b, why in per_backend.items()}, cfg, env, served_as)
 
 
 def get_fused_attn_backend(*args: Any, **kwargs: Any) -> FusedAttnBackend:

@@ -627,7 +627,7 @@ BAD_CONFIGS = [
 
 def test_warm_check_names_each_problem(capsys, tmp_path: Path) -> None:
     good = {"name": "fine", "b": 1, "h": 16, "sq": 128, "d": 64}
-    declined = {"b": 1, "h": 16, "sq": 128, "d": 7}  # valid, but no sub-backend takes d=7
+    declined = {"b": 1, "h": 16, "sq": 128, "d": 264}  # valid, but no sub-backend takes d=264
     configs = _configs(tmp_path, [c for c, _ in BAD_CONFIGS] + [good, declined])
     rc, out, err = run(capsys, "plans", "warm", "--check", str(configs))
     assert rc == 2 and err == ""
@@ -640,7 +640,7 @@ def test_warm_check_names_each_problem(capsys, tmp_path: Path) -> None:
     assert any(line.startswith(f"config {n + 1} (fine): bshd_bshd_bshd bfloat16") and line.endswith("-> F16_arbitrary_seqlen")
                for line in lines)  # fmt: skip
     assert any(line.startswith(f"config {n + 2}: ") and line.endswith("-> No_Backend") for line in lines)
-    assert any("F16_arbitrary_seqlen:" in line and "d_qk=7" in line for line in lines)
+    assert any("F16_arbitrary_seqlen:" in line and "d_qk=264" in line for line in lines)
     assert lines[-1] == f"1 of {n + 2} configuration(s) valid and served; {n} malformed; 1 not served"
 
     rc, out, err = run(capsys, "plans", "warm", "--check", str(_configs(tmp_path, [good, declined])))

@@ -11,14 +11,23 @@ changed but the version did not.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 from te_cudnn.plans.store import PLAN_FORMAT_VERSION
 
 BACKENDS = Path(__file__).resolve().parents[1] / "te_cudnn" / "backends"
 
 #: (PLAN_FORMAT_VERSION, SHA-256 of te_cudnn/backends/*.py) -- update both together.
-RECORDED = (2, "475684f265a7ce3ba86721e33c12d4ae6a8080bb04664e19ccd8a00ca190c2a1")
+RECORDED = (3, "8e1ecb2dd068f3d3530ea08f436f806927597781c4b6970ec398b7692b4e60e1")
 
 
 def builders_hash() -> str:
@@ -32,7 +41,45 @@ def builders_hash() -> str:
 def test_builders_hashed() -> None:
     names = sorted(p.name for p in BACKENDS.glob("*.py"))
     assert {"base.py", "f16_arbitrary.py", "f16_max512.py", "fp8.py"} <= set(names)
-    assert len(builders_hash()) == 64 and builders_hash() == builders_hash()
+    assert re.fullmatch(r"[0-9a-f]{64}", builders_hash())
+
+
+def test_builders_hash_follows_every_source_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash reads every builder file: an edit of one byte of any of them, a renamed file and
+    a new file each change it, and restoring the sources restores it."""
+    copy = tmp_path / "backends"
+    shutil.copytree(BACKENDS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    original = builders_hash()
+    monkeypatch.setattr(sys.modules[__name__], "BACKENDS", copy)
+    assert builders_hash() == original  # the copy hashes as the sources do
+    seen = {original}
+    for path in sorted(copy.glob("*.py")):
+        source = path.read_bytes()
+        path.write_bytes(source.replace(b"cfg.", b"cfg .", 1) if b"cfg." in source else source + b"\n")
+        changed = builders_hash()
+        assert changed not in seen, f"editing {path.name} did not change the builders' hash"
+        seen.add(changed)
+        path.write_bytes(source)
+        assert builders_hash() == original, f"restoring {path.name} did not restore the hash"
+    (copy / "fp8.py").rename(copy / "fp8_renamed.py")
+    assert builders_hash() not in seen, "renaming a builder file did not change the hash"
+    (copy / "fp8_renamed.py").rename(copy / "fp8.py")
+    (copy / "new_backend.py").write_text("")
+    assert builders_hash() not in seen, "a new (even empty) builder file did not change the hash"
+
+
+def test_builders_hash_is_the_same_in_another_interpreter() -> None:
+    """The recorded hash is compared across processes and machines: two fresh interpreters with
+    different hash seeds compute the value this one does (no dependence on set or dict order)."""
+    script = "\n".join(["import hashlib", "from pathlib import Path", f"BACKENDS = Path({str(BACKENDS)!r})",
+                        textwrap.dedent(inspect.getsource(builders_hash)), "print(builders_hash())"])  # fmt: skip
+    results = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        results.append(done.stdout.strip())
+    assert results == [builders_hash()] * 2
 
 
 def test_plan_format_version_follows_the_builders() -> None:

@@ -106,8 +106,6 @@ DECLINED = [
      "alibi needs attn_mask_type causal or causal_bottom_right (cuDNN requires right bound 0; TransformerEngine does "
      "not fuse it with padding), got padding_causal"),
     ("alibi_sm80", dict(bias="alibi", mask="causal", env=SM80), "alibi needs sm90 or newer, got sm80"),
-    ("causal_br_sq_gt_skv", dict(mask="causal_bottom_right", sq=1024, skv=512),
-     "causal_bottom_right needs sq <= skv, got sq=1024 > skv=512"),
     ("causal_br_cross_bias", dict(mask="causal_bottom_right", sq=512, skv=1024, bias="post_scale_bias"),
      "causal_bottom_right with sq != skv cannot take attn_bias_type=post_scale_bias"),
     ("causal_br_cross_dropout", dict(mask="causal_bottom_right", sq=512, skv=1024, dropout=0.1),
@@ -118,7 +116,9 @@ DECLINED = [
     ("window_sq_gt_skv", dict(mask="no_mask", window=(64, 64), sq=1024, skv=512),
      "sliding window (64, 64) needs sq <= skv, got sq=1024, skv=512"),
     ("head_dim_264", dict(d=264), "head dims d_qk=264, d_v=264 exceed 256"),
-    ("head_dim_not_multiple_of_8", dict(d=60), "head dims d_qk=60, d_v=60 must be multiples of 8"),
+    ("head_dim_not_multiple_of_8_packed", dict(d=60, layout="bs3hd"), "head dims d_qk=60, d_v=60 must be multiples of 8"),
+    ("causal_br_sq_gt_skv_with_bias", dict(mask="causal_bottom_right", sq=1024, skv=512, bias="post_scale_bias"),
+     "padding_causal_bottom_right with post_scale_bias is not fused"),
     ("head_dim_256_sm80", dict(d=256, env=SM80), "head dims above 128 (d_qk=256, d_v=256) need sm90, got sm80"),
     ("head_dim_256_training_cudnn91", dict(d=256, env=RuntimeEnv(sm=90, cudnn_version=90100)),
      "head dims above 128 need cuDNN 90500 or newer for training"),
@@ -375,9 +375,24 @@ def test_every_sub_backend_declines_head_dims_that_are_not_16_byte_rows() -> Non
             assert row % 16 == 0, (backend.name, dtype, backend.caps.head_dim_multiple)
 
 
+@pytest.mark.parametrize(("over", "served_as"), [
+    (dict(d=7, mask="causal"), "head dims padded with zero columns to d_qk=8, d_v=8"),
+    (dict(d=100, dtype=torch.float16, mask="causal"), "head dims padded with zero columns to d_qk=104, d_v=104"),
+    (dict(d=59, hg=4, mask="causal_bottom_right", sq=512, skv=509), "head dims padded with zero columns to d_qk=64"),
+    (dict(mask="causal_bottom_right", sq=1024, skv=512), "as padding_causal_bottom_right with full lengths"),
+    (dict(mask="causal_bottom_right", sq=1024, skv=512, d=111),
+     "d_qk=112, d_v=112 (q, k, v copied per call); as padding_causal_bottom_right with full lengths"),
+])  # fmt: skip
+def test_served_in_another_form(over: dict, served_as: str) -> None:
+    """What a peer serves and cuDNN declines in the form it comes in: te_cudnn runs it in another
+    form (te_cudnn.served) and explain() says which."""
+    ex = explain(**over)
+    assert ex.backend is FusedAttnBackend.F16_arbitrary_seqlen, ex
+    assert served_as in (ex.served_as or ""), ex.served_as
+    assert f"(served {ex.served_as})" in str(ex)
+
+
 @pytest.mark.parametrize(("dtype", "d", "backend", "fragment"), [
-    (BF16, 7, ARB, "head dims d_qk=7, d_v=7 must be multiples of 8"),
-    (torch.float16, 100, ARB, "head dims d_qk=100, d_v=100 must be multiples of 8"),
     (FP8, 8, F8, "head dims d_qk=8, d_v=8 must be multiples of 16"),
     (FP8, 120, F8, "head dims d_qk=120, d_v=120 must be multiples of 16"),
 ])  # fmt: skip
