@@ -53,8 +53,8 @@ def test_head_dims_not_a_multiple_of_8(layout, d_qk, d_v, hg, mask):
     lens_kw = dict(seqlens_q=lens, seqlens_kv=lens) if mask.startswith("padding") else {}
     (r32, g32), (rlp, glp) = _ref(*bhsd[:3], bhsd[3], attn_mask_type=mask, **lens_kw)
     check_close(f"O d={d_qk}/{d_v}", out.permute(*perm), r32.out, rlp.out, BF16)
-    if not mask.startswith("padding"):
-        check_close("stats", aux[0], r32.lse, rlp.lse, torch.float32)
+    if not mask.startswith("padding"):  # the fp32 logsumexp of the real head dims' scores
+        torch.testing.assert_close(aux[0], r32.lse, rtol=2e-3, atol=2e-3)
     for name, got, w32, wlp in zip(("dQ", "dK", "dV"), (dq, dk, dv), g32, glp):
         check_close(f"{name} d={d_qk}/{d_v}", got.permute(*perm), w32, wlp, BF16)
     # the same call again runs the cached signature
