@@ -18,7 +18,7 @@ import torch
 
 from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
 from .layouts import alloc_qkv_grads, bhsd_dims, get_qkv_layout, layout_info
-from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
+from .ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
 
 __all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "check_softmax_offset", "F16_DTYPES", "FP8_DTYPES"]
 
@@ -460,7 +460,7 @@ def _describe_sizes(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torc
         b = cu_seqlens_q.shape[0] - 1
     # A graph's batch dim is a bucket only when every side is ragged (dense tensors fix b).
     b_graph = bucket_batch(b) if (ragged_q and ragged_kv) else b  # paged: kv is dense (pages), so b
-    sq_graph = bucket_seqlen(max_seqlen_q) if ragged_q else None
+    sq_graph = bucket_q_seqlen(max_seqlen_q) if ragged_q else None
     skv_graph = bucket_seqlen(max_seqlen_kv) if ragged_kv else None
     (bq, h, sq, d_qk), q_stride = _geometry(info.q_format, "q", q, b_graph, sq_graph)
     (bk, hg, skv, dk), k_stride = _geometry(info.kv_format, "k", k, b_graph, skv_graph)
@@ -825,7 +825,7 @@ def describe_shapes(
         copy = False
     total_q, total_kv = b * sq, b * skv  # THD token counts assumed from the sizes
     if ragged:  # graph sizes are buckets; see te_cudnn.ragged
-        b, sq, skv = bucket_batch(b), bucket_seqlen(sq), bucket_seqlen(skv)
+        b, sq, skv = bucket_batch(b), bucket_q_seqlen(sq), bucket_seqlen(skv)
     st = layout_strides(layout, b, h, hg, sq, skv, d_qk, d_v)
     dropout = _scalar("dropout", dropout, float)
     if not 0.0 <= dropout < 1.0:

@@ -176,7 +176,9 @@ def fused_attn_decode(
         out = (torch.zeros_like if dec.fill else torch.empty_like)(q if dec.out_like_q else prep.out_template)
     elif dec.fill:
         out.zero_()
-    stats = torch.empty_like(prep.stats_template)
+    # a row of an empty cache may be left unwritten: its logsumexp is -inf where it is returned
+    stats = (torch.full_like(prep.stats_template, float("-inf")) if return_softmax_lse
+             else torch.empty_like(prep.stats_template))  # fmt: skip
     buffers = [q, k_cache, v_cache, out, stats, dec.q_lens, cache_seqlens.view(dec.lens_shape)]
     if dec.pages_shape is not None:
         table = page_table.view(dec.pages_shape)

@@ -54,7 +54,7 @@ from .plans.tune import autotuning
 from .policy import token as _policy_token
 from .served import as_padding_mask, full_lengths, head_pad, padded_bwd, padded_fwd
 from .sink_grad import sink_grad
-from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
+from .ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
 from .row_fill import Lengths, fills_grads, fills_out
 from .runtime import RuntimeEnv, current_env, frontend_version
 from .launch import BWD_NAMES as _BWD_NAMES
@@ -200,7 +200,7 @@ def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
     the first validation relied on."""
     return (
         bucket_tokens(qs[0]) if len(qs) == 3 else qs, qs[1:], bucket_tokens(ks[0]) if len(ks) == 3 else ks, ks[1:],
-        vs[1:], ks[0] == vs[0], bucket_seqlen(max_seqlen_q) if len(qs) == 3 else max_seqlen_q,
+        vs[1:], ks[0] == vs[0], bucket_q_seqlen(max_seqlen_q) if len(qs) == 3 else max_seqlen_q,
         bucket_seqlen(max_seqlen_kv) if len(ks) == 3 else max_seqlen_kv,
         None if cu_q is None else bucket_batch(cu_q.shape[0] - 1), None if cu_kv is None else cu_kv.shape == cu_q.shape,
         cu_q.shape if cu_q is not None and (len(qs) == 4 or len(ks) == 4) else None,
@@ -210,6 +210,7 @@ def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
 
 
 _INT32 = torch.int32
+_NEG_INF = float("-inf")
 
 
 def _aligned_bias(bias: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
@@ -668,12 +669,18 @@ def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
         out = torch.zeros_like(q if prep.out_like_q else prep.out_template)
     else:
         out = torch.empty_like(q if prep.out_like_q else prep.out_template)
+    # padding masks and THD: a query row that sees no key (a sequence without keys, more queries
+    # than keys under a bottom-right mask) may be left unwritten by cuDNN; its logsumexp is -inf
     if softmax_lse is not None:
         stats = softmax_lse
         if prep.zero_stats:
             stats.zero_()
+        elif prep.varlen:
+            stats.fill_(_NEG_INF)
     elif cfg.ragged_q:
-        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
+        stats = torch.full((q.shape[0], cfg.h, 1), _NEG_INF, dtype=torch.float32, device=prep.device)
+    elif prep.varlen and not prep.softmax_aux:
+        stats = torch.full_like(prep.stats_template, _NEG_INF)
     elif prep.zero_stats:  # max512 causal: the engine leaves skipped tiles of S unwritten, its backward reads them
         stats = torch.zeros_like(prep.stats_template)
     else:

@@ -10,7 +10,8 @@ training loop over batches of varying composition settles on a handful of plans:
   (TransformerEngine's ``get_max_batch_size``);
 * tokens: 1024 up to 1024, then the next power of two up to 32768, then multiples of 32768
   (TE's ``get_max_tokens``);
-* max sequence length: 1 stays 1 (decode), otherwise the next power of two, at least 64.
+* max sequence length: 1 stays 1 (decode), otherwise the next power of two, at least 64; THD
+  queries are at least 64 (:func:`bucket_q_seqlen`).
 
 Everything here runs on the caller's stream with no host-device synchronisation.
 
@@ -25,7 +26,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "extend", "seq_lens", "seq_lens_pair", "ragged_offsets",
+__all__ = ["bucket_batch", "bucket_tokens", "bucket_seqlen", "bucket_q_seqlen", "extend", "seq_lens", "seq_lens_pair", "ragged_offsets",
            "offsets_view"]
 
 
@@ -51,6 +52,12 @@ def bucket_tokens(t: int) -> int:
 
 def bucket_seqlen(s: int) -> int:
     return 1 if s <= 1 else max(64, _next_pow2(s))
+
+
+def bucket_q_seqlen(s: int) -> int:
+    """:func:`bucket_seqlen` of THD queries: never 1. With one query row cuDNN picks engines
+    that do not write token-major (ragged) softmax stats; a graph of 64 rows does."""
+    return bucket_seqlen(s) if s < 1 else max(64, _next_pow2(s))
 
 
 def extend(cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:

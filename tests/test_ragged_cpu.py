@@ -320,3 +320,11 @@ def test_version_rules_for_thd_and_mixed_formats() -> None:
     mixed = REGISTRY[0].not_supported_reasons(_bshd_sbhd("padding"), RuntimeEnv(sm=90, cudnn_version=90600))
     assert any("mixed q/kv formats (bshd_sbhd_sbhd) need cuDNN 9.7" in r for r in mixed), mixed
     assert not REGISTRY[0].not_supported_reasons(_bshd_sbhd("padding"), HOPPER_CUDNN_919)
+
+
+def test_thd_queries_are_never_bucketed_to_one_row() -> None:
+    """One query row makes cuDNN pick engines that leave token-major stats unwritten."""
+    from te_cudnn.ragged import bucket_q_seqlen  # noqa: PLC0415
+
+    assert [bucket_q_seqlen(s) for s in (1, 2, 64, 65, 1000)] == [64, 64, 64, 128, 1024]
+    assert bucket_q_seqlen(0) == bucket_seqlen(0)

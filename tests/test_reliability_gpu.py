@@ -229,11 +229,13 @@ def test_generator_advance_is_atomic_across_threads():
 
 
 def test_head_dim_cudnn_cannot_take_is_reported_as_the_head_dim():
-    """d = 7 in bf16 (14-byte rows): declined for its head dim by every sub-backend, before any GPU work."""
-    q, k, v = (torch.randn(2, 64, 4, 7, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    """d = 7 in bf16 (14-byte rows) packed as sb3hd: declined for its head dim by every
+    sub-backend, before any GPU work (separate q, k, v are served padded: te_cudnn.served)."""
+    qkv = torch.randn(64, 2, 3, 4, 7, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
     before = tc.plan_cache.stats()
     with pytest.raises(tc.UnsupportedConfigError, match=r"head dims d_qk=7, d_v=7 must be multiples of 8"):
-        tc.fused_attn_fwd(True, 64, 64, None, None, q, k, v, q.dtype, None, qkv_layout="bshd_bshd_bshd",
+        tc.fused_attn_fwd(True, 64, 64, None, None, q, k, v, q.dtype, None, qkv_layout="sb3hd",
                           attn_mask_type="causal")  # fmt: skip
     assert tc.plan_cache.stats().misses == before.misses
 
