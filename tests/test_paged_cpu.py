@@ -62,3 +62,14 @@ def test_paged_errors():
         _describe("paged_kv_bshd_bshd_bshd", tables=torch.zeros(2, PAGES, dtype=torch.int32))
     with pytest.raises(ValueError, match="exceeds the page tables' capacity"):
         _describe("paged_kv_bshd_bshd_bshd", tables=torch.zeros(3, 2, dtype=torch.int32))
+
+
+def test_one_query_row_under_top_left_causal_is_declined_with_its_reason() -> None:
+    """cuDNN 9.19 builds no plan for a paged cache with sq = 1 under padding_causal (seen on an
+    H200 by the seeded random edge test); bottom-right causal (decode) and padding are served."""
+    cfg = _describe("paged_kv_bshd_bshd_bshd", mask="padding_causal", sq=1)
+    why = REGISTRY[0].not_supported_reasons(cfg, HOPPER_CUDNN_919)
+    assert any("one query row under a top-left causal mask" in w for w in why), why
+    for mask in ("padding_causal_bottom_right", "padding"):
+        assert not REGISTRY[0].not_supported_reasons(_describe("paged_kv_bshd_bshd_bshd", mask=mask, sq=1),
+                                                     HOPPER_CUDNN_919)  # fmt: skip

@@ -69,6 +69,10 @@ class F16ArbitrarySeqlen(SubBackend):
                 why.append(f"paged KV with head dims above 128 needs cuDNN 9.9 or newer, got {v}")
             if cfg.bias_type != AttnBiasType.no_bias:
                 why.append("paged KV caches take no bias")
+            if cfg.sq == 1 and cfg.mask.is_causal and not self._effective_bottom_right(cfg) and (v is None or v <= 91900):
+                why.append(f"paged KV caches with one query row under a top-left causal mask (the row sees only the "
+                           f"first key): cuDNN {cudnn_version_string(v) if v else '9.19'} builds no plan for it; use "
+                           f"padding_causal_bottom_right (decode) or padding")  # fmt: skip
             if cfg.has_window and (cfg.window[1] != 0 or not self._effective_bottom_right(cfg)):
                 why.append(f"paged KV caches take a sliding window as (left, 0), aligned to the end of each sequence's "
                            f"keys (bottom-right; the form checked against a reference), got window_size={cfg.window}")
