@@ -365,6 +365,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_help_works_without_a_gpu() -> None:
     p = _run("-m", "te_cudnn.benchmark", "--help")
     assert p.returncode == 0, p.stderr
@@ -377,6 +378,7 @@ def test_list_works_without_a_gpu(capsys) -> None:
     assert "llama_h64_s32k" in out and "sdpa_efficient" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_no_cuda_exits_non_zero_with_one_line() -> None:
     p = _run("-m", "te_cudnn.benchmark", "--quick")
@@ -799,7 +801,7 @@ def test_host_autotuned_plan_not_measured_says_why(results: dict) -> None:
 def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
     """The probes run on the GPU machine only; importing each one here (as ``python tools/x.py``
     would, with ``tools/`` on the path) catches a broken import or a name error at module level
-    before a GPU session is spent on it. Each one says what it measures."""
+    before a GPU run is spent on it. Each one says what it measures."""
     import importlib
 
     sys.path.insert(0, str(REPO / "tools"))

@@ -261,6 +261,7 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
 
 @pytest.mark.parametrize("comm,fmt,mask,world", [("p2p", "bshd", "causal", 2), ("p2p", "sbhd", "no_mask", 3),
                                                  ("p2p", "bshd", "causal", 4), ("a2a", "bshd", "causal", 2)])  # fmt: skip
+@pytest.mark.slow
 def test_over_a_real_process_group_on_cpu(tmp_path, comm, fmt, mask, world):
     """context_parallel_attention over torch.distributed (gloo on CPU processes): the ring's
     batched isend/irecv between real ranks, the all-to-all, autograd, the results gathered."""

@@ -410,6 +410,7 @@ def test_check_operands_mode() -> None:
     assert launch.operand_checks["pointers"] == before["pointers"] + 4
 
 
+@pytest.mark.slow
 def test_environment_turns_the_mode_on_at_import() -> None:
     code = "import te_cudnn.launch as l; print(l.checking_operands())"
     for value, expected in (("1", "True"), ("0", "False")):

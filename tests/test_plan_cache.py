@@ -487,6 +487,7 @@ def test_builds_run_with_the_callers_context_and_raise_in_the_caller(build_apart
 
 @pytest.mark.parametrize("setting, expected", [(None, True), ("1", True), ("0", False), ("off", False), ("yes", True)],
                          ids=["unset", "1", "0", "off", "yes"])  # fmt: skip
+@pytest.mark.slow
 def test_builds_apart_by_default_and_the_environment_turns_it_off(setting, expected) -> None:
     """The module reads ``TE_CUDNN_BUILD_APART`` once, at import: checked in a fresh interpreter."""
     import os

@@ -951,6 +951,7 @@ def test_env_number_for_the_plan_cache_size(monkeypatch: pytest.MonkeyPatch, val
         assert seen == []
 
 
+@pytest.mark.slow
 def test_bad_plan_cache_size_does_not_break_import() -> None:
     code = "import te_cudnn; print(te_cudnn.plan_cache.maxsize)"
     env = dict(os.environ, TE_CUDNN_PLAN_CACHE_SIZE="abc")

@@ -608,6 +608,7 @@ def _probes(*cases: tuple[dict[str, str], str]) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_env_debug_levels_configure_the_logger_in_a_fresh_process() -> None:
     off, info, debug = _probes(
         ({}, _SELECT),

@@ -546,6 +546,7 @@ def probes():
         p.communicate()
 
 
+@pytest.mark.slow
 def test_env_forces_custom_ops_in_eager(probes) -> None:
     assert probes("env=1") == "True"
     assert probes("env=on") == "True"
@@ -555,6 +556,7 @@ def test_env_off_means_plain_eager(probes) -> None:
     assert probes("env=0") == "False"
 
 
+@pytest.mark.slow
 def test_compile_in_a_fresh_process(probes) -> None:
     """te_cudnn's first call in a process inside torch.compile (its lookup caches still empty):
     no failure, and one graph for three shapes (dynamic=True)."""
@@ -814,6 +816,7 @@ def test_dropout_rng_state_shape_on_meta() -> None:
     assert state.shape == (2,) and state.dtype == torch.int64 and state.device.type == "meta"
 
 
+@pytest.mark.slow
 def test_exit_hook_drops_cudnn_objects() -> None:
     """The atexit hook empties what holds cuDNN objects (torch.library keeps te_cudnn's module
     state alive to the end; plans alive when the frontend's native module is finalized are
