@@ -1,5 +1,7 @@
 """Context-parallel attention benchmark: time, memory and error per rank.
 
+Needs: torchrun and one CUDA GPU with cuDNN per rank (``--alone CP``: no torchrun, one GPU).
+
     torchrun --nproc-per-node 2 examples/context_parallel.py --seqlens 32768 65536 131072
 
 Each rank holds its dual-chunk share of one causal bf16 sequence (b=1, h=32, hg=8, d=128 by
@@ -7,9 +9,10 @@ default) and runs ``te_cudnn.parallel.context_parallel_attention`` forward+backw
 ``--comm`` type; rank 0 also runs the whole sequence on its own GPU (``--single``, where it
 fits). Prints per rank the median fwd+bwd time (CUDA events, after warm-up), the peak memory,
 and the output's error against the single-GPU run; ``--fit`` estimates the longest sequence that
-fits from the measured peak memory per token. ``--json`` writes everything (rank 0).
-``--alone CP`` needs no torchrun: one GPU runs one rank of a CP-way ring (its compute, memory and
-exchanges as device copies, no communication) beside the whole sequence, to size a run.
+fits from the measured peak memory per token. ``--json FILE`` writes everything (rank 0); nothing
+is written without it. ``--alone CP`` needs no torchrun: one GPU runs one rank of a CP-way ring
+(its compute, memory and exchanges as device copies, no communication) beside the whole
+sequence, to size a run. Without what it needs, it says so in one line and exits with code 2.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import os
 import statistics
 import sys
 
+EXIT_MISSING = 2  # what the example needs (torchrun, a GPU) is not there
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what init_process_group reads
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Run under torchrun; --help needs no GPU.")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Needs torchrun and a CUDA GPU per rank "
+                                "(--alone CP: one GPU, no torchrun); --help needs neither.")  # fmt: skip
     p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536, 131072], help="global sequence lengths S")
     p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a"], help="cp_comm_type(s)")
     p.add_argument("--heads", type=int, default=32)
@@ -36,7 +43,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--alone", type=int, metavar="CP", help="no torchrun: one GPU runs one rank of a CP-way p2p ring "
                    "(te_cudnn.parallel.ring_rank_alone: its compute and memory, no communication) beside the "
                    "whole sequence")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.alone is not None and args.alone < 2:
+        p.error(f"--alone {args.alone}: a ring has at least 2 ranks")
+    return args
+
+
+def _missing(args) -> str | None:
+    """What this run needs and does not have, in one line (None: all there)."""
+    if args.alone is None:
+        absent = [v for v in TORCHRUN_VARS if v not in os.environ]
+        if absent:
+            return (f"context_parallel.py needs torchrun ({', '.join(absent)} not set): run "
+                    "`torchrun --nproc-per-node 2 examples/context_parallel.py`, or `--alone 2` on one GPU")
+    import torch
+
+    if not torch.cuda.is_available():
+        how = f"--alone {args.alone} runs on one" if args.alone is not None else "each torchrun rank needs one"
+        return f"context_parallel.py needs a CUDA GPU with cuDNN ({how}); torch.cuda.is_available() is False here"
+    if args.alone is None and int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
+        return (f"context_parallel.py needs one CUDA GPU per rank on a node: LOCAL_RANK={os.environ['LOCAL_RANK']} "
+                f"but {torch.cuda.device_count()} GPU(s) here")
+    return None
 
 
 def _time(fn, iters: int) -> float:
@@ -112,6 +140,10 @@ def alone(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = _missing(args)
+    if missing:
+        print(missing, file=sys.stderr)
+        return EXIT_MISSING
     if args.alone:
         return alone(args)
     import torch

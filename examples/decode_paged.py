@@ -9,6 +9,9 @@ eagerly and as one captured CUDA graph (the lengths and the new tokens live in s
 the graph reads at replay). At the end the last step's output is checked against te_cudnn's fp32
 reference on the gathered cache, and the step times are printed (CUDA events, median).
 
+Needs: a CUDA GPU with cuDNN (without one it says so in one line and exits with code 2). Writes
+nothing unless given ``--json FILE``.
+
     python examples/decode_paged.py                    # b=8, h=32/8, d=128, pages of 64 tokens, 4K per slot
     python examples/decode_paged.py --steps 300 --json decode.json
 """
@@ -117,11 +120,13 @@ def _time_steps(layer: DecodeLayer, run, steps: int) -> list[float]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("decode_paged.py needs a CUDA GPU with cuDNN (te_cudnn.fused_attn_decode runs on the GPU)", file=sys.stderr)
-        return 2
     if a.capacity % a.page_size or a.heads % a.kv_heads:
-        print("--capacity must be a multiple of --page-size and --heads of --kv-heads", file=sys.stderr)
+        print("decode_paged.py: --capacity must be a multiple of --page-size and --heads of --kv-heads",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not torch.cuda.is_available():
+        print("decode_paged.py needs a CUDA GPU with cuDNN (te_cudnn.fused_attn_decode runs on the GPU); "
+              "torch.cuda.is_available() is False here", file=sys.stderr)  # fmt: skip
         return 2
     from te_cudnn.reference import attention_reference
 

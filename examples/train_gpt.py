@@ -1,5 +1,8 @@
 """Train a small GPT on a synthetic task with te_cudnn's attention and with PyTorch SDPA.
 
+Needs: a CUDA GPU with cuDNN (without one it says so in one line and exits with code 2), except
+the CPU smoke run below. Runs from any directory.
+
 Run on a CUDA machine (te_cudnn and cuDNN installed)::
 
     python examples/train_gpt.py --steps 300                 # both attentions, eager + compile + graph
@@ -22,14 +25,16 @@ warm-up steps on a side stream, then replayed; dropout draws fresh masks at ever
 The default batch (64 sequences of 1024 tokens) keeps an H100 busy: the step time is the GPU's.
 At small batches (``--batch 8``) the eager and compiled steps are host-bound -- the CPU cannot
 issue the step's ~600 kernels as fast as the GPU runs them -- and te_cudnn's Python custom op
-costs more host time per layer than torch's C++ SDPA op (see the README, "examples"); the CUDA
+costs more host time per layer than torch's C++ SDPA op (the host time per call is measured by
+``te-cudnn bench``, see docs/performance.md; CUDA graphs in docs/guide/pytorch.md); the CUDA
 graph removes the host from the step. The two attentions' runs of one mode advance in turn, one
 training step each, so that drift in the host's speed affects both alike.
 
 Prints one line per run, then a table: per attention and mode, the median step time (CUDA
 events, steps after ``--timing-warmup``), tokens/s and the mean loss of the last 50 steps, then
 per mode the relative difference of that loss, te_cudnn vs sdpa (target <= 2%). Loss curves go to
-``--png`` (matplotlib, if installed), all numbers to ``--json``.
+``--png`` (matplotlib, if installed; by default a new temporary directory, whose path is printed),
+all numbers to ``--json`` (only when given).
 
 CPU smoke run (CI, no GPU): ``--device cpu --attn sdpa --mode eager`` with small sizes.
 """
@@ -40,8 +45,10 @@ import argparse
 import gc
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from contextlib import nullcontext
@@ -98,7 +105,11 @@ class SdpaAttention(nn.Module):
 def make_attention(kind: str, heads: int, head_dim: int, dropout: float) -> nn.Module:
     if kind == "sdpa":
         return SdpaAttention(dropout)
-    import te_cudnn  # only here: --help and the CPU smoke run never need it
+    try:
+        import te_cudnn  # only here: --help and the CPU smoke run never need it
+    except ImportError:  # a source checkout that is not installed: the package beside examples/
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import te_cudnn
 
     return te_cudnn.DotProductAttention(num_attention_heads=heads, kv_channels=head_dim, attention_dropout=dropout,
                                         qkv_format="bshd", attn_mask_type="causal")
@@ -266,8 +277,10 @@ def plot(results: list[dict[str, Any]], floor: float, args: argparse.Namespace) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"note: matplotlib is not installed; no plot written to {args.png}")
+        print("note: matplotlib is not installed; no loss-curve plot written")
         return
+    if args.png is None:  # never a file of the source tree: a new temporary directory
+        args.png = os.path.join(tempfile.mkdtemp(prefix="train_gpt-"), "train_gpt_loss.png")
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"eager": "-", "compile": "--", "graph": ":"}
     colors = {"te_cudnn": "tab:green", "sdpa": "tab:blue"}
@@ -326,28 +339,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graph-step", choices=("compiled", "eager"), default="compiled",
                    help="what the graph mode captures: the compiled training step (torch.compile's fused kernels, "
                         "no host time) or the eager one")
-    p.add_argument("--png", default="examples/train_gpt_loss.png", help="loss-curve plot")
+    p.add_argument("--png", default=None, help="loss-curve plot (default: train_gpt_loss.png in a new temporary "
+                   "directory)")
     p.add_argument("--json", default=None, help="write all numbers here")
     args = p.parse_args(argv)
     if args.width % args.heads:
         p.error("--width must be a multiple of --heads")
     if args.steps <= args.graph_warmup:
         p.error("--steps must exceed --graph-warmup")
+    for flag, path in (("--png", args.png), ("--json", args.json)):  # checked now, not after the training
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            p.error(f"{flag} {path}: directory {folder} does not exist")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a torch device (e.g. cuda, cuda:1, cpu)")
     return args
+
+
+def missing(args: argparse.Namespace, attns: tuple[str, ...], modes: tuple[str, ...]) -> str | None:
+    """What this run needs and does not have, in one line (None: all there)."""
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return ("train_gpt.py needs a CUDA GPU with cuDNN (te_cudnn runs cuDNN); torch.cuda.is_available() is "
+                    "False here. For a CPU smoke run use: --device cpu --attn sdpa --mode eager")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"train_gpt.py: --device {args.device}, but there are {torch.cuda.device_count()} CUDA GPU(s) here"
+    elif args.device != "cpu" or attns != ("sdpa",) or modes != ("eager",):
+        return ("train_gpt.py needs a CUDA GPU for te_cudnn, torch.compile timing and CUDA graphs: only --device cpu "
+                "--attn sdpa --mode eager runs without one")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     attns = ATTNS if args.attn == "both" else (args.attn,)
     modes = MODES if args.mode == "all" else (args.mode,)
-    if torch.device(args.device).type == "cuda":
-        if not torch.cuda.is_available():
-            print("error: CUDA is not available; this example needs a CUDA GPU (te_cudnn runs cuDNN). "
-                  "For a CPU smoke run use: --device cpu --attn sdpa --mode eager", file=sys.stderr)
-            return 2
-    elif args.device != "cpu" or attns != ("sdpa",) or modes != ("eager",):
-        print("error: only --device cpu --attn sdpa --mode eager runs without CUDA "
-              "(te_cudnn, torch.compile timing and CUDA graphs need a GPU)", file=sys.stderr)
+    problem = missing(args, attns, modes)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     data, floor = make_dataset(args)
     print(f"GPT {args.layers} layers x {args.width}, {args.heads} heads, seq {args.seq}, batch {args.batch}, "

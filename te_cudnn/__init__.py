@@ -38,7 +38,7 @@ from .sdpa import scaled_dot_product_attention
 from .varlen import BatchLengths, reuse_lengths
 from .policy import backend_policy
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "fused_attn_fwd", "fused_attn_bwd", "fused_attn_decode", "get_fused_attn_backend", "explain", "Explanation", "release_workspaces",

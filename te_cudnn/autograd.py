@@ -205,13 +205,48 @@ def fused_attention(
 ) -> torch.Tensor:
     """Differentiable fused attention with keyword options (see :class:`AttnOptions`).
 
-    Sequence lengths are read off q and k for the layout's format; ``is_training`` defaults
-    to ``torch.is_grad_enabled()``. Attention sinks: ``softmax_type="learnable"`` with
-    ``softmax_offset`` (fp32 ``[1, h, 1, 1]``, differentiable) or ``"off_by_one"`` (no offset
-    needed). ``lengths``: a :class:`te_cudnn.BatchLengths` of ``cu_seqlens_q/kv``, built once
-    per batch and passed to every layer, reuses the lengths the first layer derived (without
-    it, every call derives them; the backward always reuses its forward's). An unknown keyword
-    raises ``TypeError`` naming it and listing the accepted ones.
+    ``fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")`` with
+    q ``[b, sq, h, d]`` and k, v ``[b, skv, hg, d]`` (fp16 or bf16, on a CUDA device) returns
+    the output ``[b, sq, h, d_v]``. Sequence lengths are read off q and k for the layout's
+    format. Every argument after ``v`` is a keyword.
+
+    Options (keyword, default):
+
+    - ``qkv_layout="bshd_bshd_bshd"``: how q, k, v are laid out: ``bshd_bshd_bshd`` for
+      ``[b, s, h, d]``, ``sbhd_sbhd_sbhd`` for ``[s, b, h, d]``, ``bhsd_bhsd_bhsd`` for
+      torch SDPA's ``[b, h, s, d]``, ``thd_thd_thd`` for packed variable-length batches, or
+      a packed form (``bs3hd``, ``bshd_bs2hd``, ...: views of one buffer).
+    - ``attn_mask_type="no_mask"``: ``no_mask``, ``causal``, ``causal_bottom_right``,
+      ``padding``, ``padding_causal`` or ``padding_causal_bottom_right``.
+    - ``attn_bias_type="no_bias"``: ``no_bias``, ``post_scale_bias`` (with ``attn_bias``) or
+      ``alibi``.
+    - ``attn_scale=None``: the softmax scale; None is ``1 / sqrt(d)``.
+    - ``dropout=0.0``: dropout probability on the attention weights (training only).
+    - ``window_size=(-1, -1)``: sliding window ``(left, right)``; -1 is unbounded.
+    - ``bottom_right_diagonal=None``: align the mask's diagonal to the bottom-right corner
+      when sq != skv; None follows ``attn_mask_type``.
+    - ``deterministic=False``: a bit-reproducible backward (more workspace on Hopper).
+    - ``fused_attention_backend=None``: force a sub-backend (a ``FusedAttnBackend`` or its
+      name); None lets te_cudnn choose (``te_cudnn.explain`` says which and why).
+    - ``softmax_type="vanilla"``: ``vanilla``, ``off_by_one`` or ``learnable`` (attention
+      sinks; ``learnable`` needs ``softmax_offset``).
+
+    Tensors and other arguments (keyword, default None):
+
+    - ``attn_bias``: the bias of ``post_scale_bias``, ``[1 or b, 1 or h, 1 or sq, skv]``.
+    - ``cu_seqlens_q``: int32 ``[b + 1]`` cumulative query lengths, for padding masks and THD
+      layouts.
+    - ``cu_seqlens_kv``: the same for the keys and values.
+    - ``rng_gen``: the CUDA generator dropout draws from (default: torch's).
+    - ``is_training``: keep what the backward needs; None is ``torch.is_grad_enabled()``.
+    - ``softmax_offset``: the per-head sink logits of ``softmax_type="learnable"``, fp32
+      ``[1, h, 1, 1]``, differentiable.
+    - ``lengths``: a :class:`te_cudnn.BatchLengths` of ``cu_seqlens_q/kv``, built once per
+      batch and passed to every layer, reuses the lengths the first layer derived (without
+      it, every call derives them; the backward always reuses its forward's).
+
+    An unknown keyword raises ``TypeError`` naming it, what was probably meant (``is_causal``,
+    ``softmax_scale``, ...) and every accepted option.
     """
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
     q_dim, kv_dim, _ = _facts(opts.qkv_layout)

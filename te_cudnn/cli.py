@@ -12,13 +12,14 @@
     te-cudnn explain --layout bshd_bshd_bshd --mask causal --heads 16 --sq 2048 --d 128 ...
     te-cudnn --version                                   te_cudnn, torch, CUDA, cuDNN, frontend, GPU
 
-Every subcommand takes ``--store DIR`` (default: ``TE_CUDNN_PLAN_STORE`` or
+Every ``plans`` subcommand takes ``--store DIR`` (default: ``TE_CUDNN_PLAN_STORE`` or
 ``$XDG_CACHE_HOME/te_cudnn/plans``, i.e. ``~/.cache/te_cudnn/plans``). Exit codes: 0 success,
 1 nothing found / not supported / failed, 2 bad arguments. Every error is one line on stderr
-starting ``te-cudnn:``; ``--debug`` (or ``TE_CUDNN_DEBUG=1``) shows the traceback of an
-unexpected one. A running process writes its in-memory cache with
-``te_cudnn.plan_cache.dump(path)`` or, at exit, to ``TE_CUDNN_PLAN_DUMP``; ``plans list --dump
-FILE`` reads it.
+starting ``te-cudnn:`` and names the options as typed; ``--debug`` (or ``TE_CUDNN_DEBUG=1``)
+shows the traceback of an unexpected one. Output cut short by a closed pipe (``| head``) ends
+quietly. ``python -m te_cudnn`` runs the same command line. A running process writes its
+in-memory cache with ``te_cudnn.plan_cache.dump(path)`` or, at exit, to ``TE_CUDNN_PLAN_DUMP``;
+``plans list --dump FILE`` reads it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from typing import Any, Callable, Optional
 
 from .plans.store import SUFFIX, PlanStore, _default_root
 
-__all__ = ["main", "build_parser", "CliError", "DTYPE_NAMES", "WARM_KEYS", "MAX_IMPORT_MEMBER_BYTES"]
+__all__ = ["main", "demo_main", "build_parser", "CliError", "DTYPE_NAMES", "WARM_KEYS", "MAX_IMPORT_MEMBER_BYTES",
+           "EXPLAIN_FLAGS", "CONFIG_KEYS", "as_typed"]
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -60,6 +62,50 @@ class CliError(Exception):
 def _one_line(text: Any) -> str:
     """Messages of several lines (cuDNN's, ``UnsupportedConfigError``'s) joined into one."""
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+#: ``explain``'s options by the parameter of ``te_cudnn.explain`` each feeds: the library's
+#: messages name its parameters, the command's name the options the user typed.
+EXPLAIN_FLAGS = {
+    "qkv_layout": "--layout", "attn_mask_type": "--mask", "attn_bias_type": "--bias", "softmax_type": "--softmax-type",
+    "num_attn_heads": "--heads", "num_gqa_groups": "--gqa-groups", "max_seqlen_q": "--sq", "max_seqlen_kv": "--skv",
+    "head_dim_qk": "--d", "head_dim_v": "--d-v", "batch_size": "--batch", "dropout": "--dropout",
+    "window_size": "--window", "q_dtype": "--dtype", "kv_dtype": "--dtype", "return_max_logit": "--return-max-logit",
+    "deterministic": "--deterministic",
+}  # fmt: skip
+#: The same for a ``plans warm`` / ``plans tune`` configuration file's keys.
+CONFIG_KEYS = {
+    "qkv_layout": "layout", "attn_mask_type": "mask", "num_attn_heads": "h", "num_gqa_groups": "hg",
+    "max_seqlen_q": "sq", "max_seqlen_kv": "skv", "head_dim_qk": "d", "head_dim_v": "d_v", "batch_size": "b",
+    "window_size": "window", "q_dtype": "dtype", "kv_dtype": "dtype", "is_training": "training",
+}  # fmt: skip
+_PARAMETER = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)(?!\w)(=\([^()]*\)|=)?")
+
+
+def as_typed(message: str, names: dict[str, str]) -> str:
+    """``message`` with the library's parameter names replaced by what the user typed: with
+    option ``names`` (``--x``), ``num_gqa_groups=3`` becomes ``--gqa-groups 3`` and
+    ``window_size=(-1, 0)`` ``--window -1 0``; with file keys, ``hg=3``. A bare name is replaced
+    only when it cannot be a plain word (it holds an underscore)."""
+    flags = any(v.startswith("-") for v in names.values())
+    if flags:
+        message = message.replace("is_training=False", "--inference")
+    else:
+        message = message.replace("is_training=False", "training=false").replace("is_training=True", "training=true")
+
+    def swap(m: re.Match) -> str:
+        name, tail = m.group(1), m.group(2)
+        typed = names.get(name)
+        if typed is None or (tail is None and "_" not in name):
+            return m.group(0)
+        if tail is None:
+            return typed
+        if tail.startswith("=("):  # a tuple the user typed as separate words (--window LEFT RIGHT)
+            value = [x.strip() for x in tail[2:-1].split(",") if x.strip()]
+            return f"{typed} {' '.join(value)}" if flags else f"{typed}=[{', '.join(value)}]"
+        return f"{typed} " if flags else f"{typed}="
+
+    return _PARAMETER.sub(swap, message)
 
 
 # ----------------------------------------------------------------------------- dtypes
@@ -593,7 +639,7 @@ def _warm_check(args, checked: list[dict[str, Any]]) -> int:
             try:
                 ex = _explain_config(c, env)
             except (ValueError, TypeError) as exc:
-                c = {"label": c["label"], "problem": f"{c['label']}: {_one_line(exc)}"}
+                c = {"label": c["label"], "problem": f"{c['label']}: {as_typed(_one_line(exc), CONFIG_KEYS)}"}
         if "problem" in c:
             results.append({"config": c["label"], "problem": c["problem"]})
             lines.append(c["problem"])
@@ -748,7 +794,7 @@ def cmd_explain(args) -> int:
             return_max_logit=args.return_max_logit,
         )  # fmt: skip
     except (ValueError, TypeError) as exc:
-        raise CliError(_one_line(exc), EXIT_USAGE) from None
+        raise CliError(as_typed(_one_line(exc), EXPLAIN_FLAGS), EXIT_USAGE) from None
     cfg = ex.config
     planned = {"b": cfg.b, "sq": cfg.sq, "skv": cfg.skv}
     text = str(ex)
@@ -762,10 +808,41 @@ def cmd_explain(args) -> int:
 
 
 # ----------------------------------------------------------------------------- parser
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value (--window -1 -1), not an option
+
+
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line, exit 2 (argparse prints the whole usage block)."""
+    """Usage errors in one line, exit 2 (argparse prints the whole usage block). An option
+    nobody defines is named as such even where argparse would first complain about a missing
+    argument (``te-cudnn --bogus`` is not "the following arguments are required")."""
+
+    _argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_options(self) -> list[str]:
+        """The words of the command line that look like options this parser does not define
+        (nor abbreviate); after ``--`` everything is positional."""
+        unknown = []
+        for word in self._argv:
+            if word == "--":
+                break
+            if not word.startswith("-") or word == "-" or _NEGATIVE_NUMBER.match(word):
+                continue
+            name = word.split("=", 1)[0]
+            known = name in self._option_string_actions or (
+                name.startswith("--") and any(s.startswith(name) for s in self._option_string_actions))
+            if not known:
+                unknown.append(word)
+        return unknown
 
     def error(self, message: str):  # type: ignore[override]
+        if message.startswith("the following arguments are required"):
+            unknown = self._unknown_options()
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
@@ -794,9 +871,10 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    store = argparse.ArgumentParser(add_help=False)  # only the subcommands that read or write the store
+    store.add_argument("--store", help="plan store directory (default: $TE_CUDNN_PLAN_STORE, else "
+                                       "$XDG_CACHE_HOME/te_cudnn/plans, i.e. ~/.cache/te_cudnn/plans)")  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", help="plan store directory (default: $TE_CUDNN_PLAN_STORE, else "
-                                        "$XDG_CACHE_HOME/te_cudnn/plans, i.e. ~/.cache/te_cudnn/plans)")  # fmt: skip
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error "
                                                              "(also TE_CUDNN_DEBUG=1)")  # fmt: skip
@@ -809,7 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      required=True)
 
     def add(name: str, func: Callable[[Any], int], help: str, **kw: Any) -> argparse.ArgumentParser:
-        sp = plans_sub.add_parser(name, parents=[common], help=help, description=help, formatter_class=_Help, **kw)
+        sp = plans_sub.add_parser(name, parents=[store, common], help=help, description=help, formatter_class=_Help, **kw)
         sp.set_defaults(func=func)
         return sp
 
@@ -893,7 +971,7 @@ def _unexpected(exc: BaseException) -> tuple[str, int]:
             "traceback)"), EXIT_FAILED  # fmt: skip
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def _run(argv: Optional[list[str]]) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("TE_CUDNN_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
@@ -905,18 +983,55 @@ def main(argv: Optional[list[str]] = None) -> int:
             message, code = str(exc), exc.code
         except KeyboardInterrupt:
             message, code = "interrupted", 130
-        except BrokenPipeError:  # `te-cudnn plans list | head`: stop quietly
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except OSError:
-                pass
-            return EXIT_FAILED
+        except BrokenPipeError:
+            raise
         except Exception as exc:  # noqa: BLE001 - one line instead of a traceback
             if debug:
                 raise
             message, code = _unexpected(exc)
     print(f"te-cudnn: {_one_line(message)}", file=sys.stderr)
     return code
+
+
+#: The exit code when the reader of the output went away (``te-cudnn plans list | head``): a
+#: shell's for a process that SIGPIPE ended, without its traceback.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def quiet_broken_pipe(run: Callable[[], int]) -> int:
+    """``run()``'s exit code; when the output's reader closed the pipe (``| head``), stop
+    quietly with :data:`EXIT_BROKEN_PIPE` instead of a traceback (and instead of Python's
+    "Exception ignored ... BrokenPipeError" when it flushes stdout at exit)."""
+    try:
+        try:
+            code = run()
+        except SystemExit:  # --help, --version and usage errors print, then exit
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # inside the try: a pipe's buffered output fails here, not at exit
+        return code
+    except BrokenPipeError:
+        try:  # what is still buffered goes nowhere, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``te-cudnn`` (and ``python -m te_cudnn``): the exit code."""
+    return quiet_broken_pipe(lambda: _run(argv))
+
+
+def demo_main(argv: Optional[list[str]] = None) -> int:
+    """``te-cudnn-demo``: :func:`te_cudnn.demo.main`, quiet when its output is cut short (``| head``)."""
+
+    def run() -> int:
+        from .demo import main as demo  # noqa: PLC0415 - imports torch and the frontend
+
+        return demo(argv)
+
+    return quiet_broken_pipe(run)
 
 
 if __name__ == "__main__":

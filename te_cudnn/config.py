@@ -154,20 +154,35 @@ class AttnConfig:
 # --------------------------------------------------------------------------------------------
 
 
+def _array_like(value: Any) -> bool:
+    """An array of another library (numpy, cupy, jax, ...): it has a shape and a dtype."""
+    return not isinstance(value, torch.Tensor) and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
 def _value(value: Any) -> str:
-    """A short, one-line description of a wrong value for a message: its type and repr."""
+    """A short, one-line description of a wrong value for a message: its type and repr (an
+    array's type, shape and dtype: never its elements)."""
     if isinstance(value, torch.Tensor):
         kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
         if kind != "strided":  # sparse and nested tensors have no (plain) shape
             return f"a {kind} {str(value.dtype).removeprefix('torch.')} tensor"
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)} on {value.device}"
+    if _array_like(value):
+        kind = type(value)
+        module = kind.__module__.split(".")[0]
+        try:
+            shape = list(value.shape)
+        except TypeError:
+            shape = value.shape
+        return f"{module}.{kind.__name__} of shape {shape} and dtype {value.dtype}"
     text = " ".join(repr(value).split())
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _tensor(name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {_value(t)}")
+        hint = f'; convert it with torch.as_tensor({name}, device="cuda")' if _array_like(t) else ""
+        raise TypeError(f"{name} must be a torch.Tensor, got {_value(t)}{hint}")
     if t.is_nested or t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {_value(t)}")
     return t
@@ -288,6 +303,42 @@ def _contiguous_bhsd(fmt: QKVFormat, b: int, h: int, s: int, d: int) -> tuple[in
     if fmt == QKVFormat.sbhd:
         return (h * d, d, b * h * d, 1)
     return (s * h * d, d, h * d, 1)
+
+
+def _layout_hint(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int,
+                 max_seqlen_kv: int) -> str:  # fmt: skip
+    """For a message about sizes that contradict ``qkv_layout``: the reading of the 4-d q, k, v
+    their sizes fit instead ("" when there is none). The first mistakes: TransformerEngine's
+    default ``sbh3d`` kept for ``[b, s, h, d]`` tensors, and torch SDPA's ``[b, h, s, d]``."""
+    info = layout_info(layout)
+    if info.is_paged or info.q_format != info.kv_format or info.q_format == QKVFormat.thd:
+        return ""
+    if any(t.dim() != 4 for t in (q, k, v)):
+        return ""
+
+    def fits(dim: int) -> bool:  # the sequence lengths sit at dim ``dim`` of q, k and v
+        return (q.shape[dim], k.shape[dim], v.shape[dim]) == (max_seqlen_q, max_seqlen_kv, max_seqlen_kv)
+
+    default = layout == QKVLayout.sbh3d  # what a call that leaves qkv_layout out gets
+    if info.q_format == QKVFormat.sbhd and fits(1):
+        suggested = "bshd_bshd_bshd"
+        if info.packs_qkv or info.packs_kv:  # views of one packed buffer keep their packing; separate tensors do not
+            try:
+                ptr = [t.untyped_storage().data_ptr() for t in ((q, k, v) if info.packs_qkv else (k, v))]
+                same = q.device.type != "meta" and len(set(ptr)) == 1
+            except (RuntimeError, NotImplementedError):  # tensors without storage (fake, functional)
+                same = False
+            if same:
+                suggested = layout.name.replace("sb", "bs")
+        which = " is TransformerEngine's default qkv_layout and" if default else ""
+        return (f"; {layout.name}{which} reads q as [s, b, h, d], but the sizes fit [b, s, h, d]: "
+                f'pass qkv_layout="{suggested}"')
+    if info.q_format != QKVFormat.bhsd and fits(2) and not fits(0 if info.q_format == QKVFormat.sbhd else 1):
+        which = " (sbh3d is TransformerEngine's default qkv_layout)" if default else ""
+        return (f"; q, k and v look like [b, h, s, d] (torch SDPA's order){which}: pass q.transpose(1, 2), "
+                'k.transpose(1, 2), v.transpose(1, 2) with qkv_layout="bshd_bshd_bshd" (or the tensors as they are '
+                'with qkv_layout="bhsd_bhsd_bhsd")')
+    return ""
 
 
 class _Sizes(NamedTuple):
@@ -502,12 +553,14 @@ def _describe_sizes(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torc
     if hg == 0 or h % hg:
         raise ValueError(
             f"k/v have {hg} heads, which does not divide q's {h} heads (GQA/MQA needs h % hg == 0; "
-            f"qkv_layout={layout.name})"
+            f"qkv_layout={layout.name}){_layout_hint(layout, q, k, v, max_seqlen_q, max_seqlen_kv)}"
         )
     if not ragged_q and max_seqlen_q != sq:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})")
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} but q holds {sq} positions (qkv_layout={layout.name})"
+                         f"{_layout_hint(layout, q, k, v, max_seqlen_q, max_seqlen_kv)}")  # fmt: skip
     if not ragged_kv and not info.is_paged and max_seqlen_kv != skv:
-        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (qkv_layout={layout.name})")
+        raise ValueError(f"max_seqlen_kv={max_seqlen_kv} but k holds {skv} positions (qkv_layout={layout.name})"
+                         f"{_layout_hint(layout, q, k, v, max_seqlen_q, max_seqlen_kv)}")  # fmt: skip
     if ragged_q and max_seqlen_q < 0 or ragged_kv and max_seqlen_kv < 0:
         raise ValueError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_kv={max_seqlen_kv} must be >= 0")
     # Nothing to attend: no batch, no queries or no keys (THD: no tokens, or a max_seqlen of 0)

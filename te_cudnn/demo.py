@@ -150,4 +150,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import demo_main  # quiet when the output is cut short (| head)
+
+    sys.exit(demo_main())

@@ -563,8 +563,6 @@ def fused_attn_fwd(
     reuses the lengths and offsets that an earlier call of the same batch derived; without it,
     a padding-mask or THD call derives them on the device from ``cu_seqlens*`` on every call,
     so the answer never depends on how the caller wrote them.
-    (``_prepared`` is internal: a list that receives the call's prepared description, which
-    the custom ops keep to launch later calls of the same kind directly.)
 
     CUDA graphs: inside a capture, dropout draws its seed and offset on the device from
     ``rng_gen``'s graph-safe state, so every replay uses a fresh mask and the backward replays
@@ -761,6 +759,17 @@ def _call_record(name: str, fn: Any) -> type:
 
 #: One forward call's arguments (see _call_record).
 FwdArgs = _call_record("FwdArgs", fused_attn_fwd)
+
+
+def _public_signature(fn: Any) -> None:
+    """Show ``fn``'s signature without its internal parameters (``_prepared``: a list that
+    receives the call's prepared description, which the custom ops keep to launch later calls
+    of the same kind directly) in ``help()`` and ``inspect.signature``."""
+    sig = inspect.signature(fn)
+    fn.__signature__ = sig.replace(parameters=[p for n, p in sig.parameters.items() if not n.startswith("_")])
+
+
+_public_signature(fused_attn_fwd)
 _FWD_PARAMETERS = {n: p for n, p in inspect.signature(fused_attn_fwd).parameters.items() if n in FwdArgs._fields}
 
 
@@ -1119,6 +1128,7 @@ def general_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 #: One backward call's arguments (see _call_record).
 BwdArgs = _call_record("BwdArgs", fused_attn_bwd)
+_public_signature(fused_attn_bwd)
 
 
 #: (batch axis, head axis) of q/k/v/o/dO per format; the softmax stats are [b, h, s, 1].
@@ -1213,8 +1223,9 @@ def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
     aux = a.aux_ctx_tensors
     if not isinstance(aux, (list, tuple)) or len(aux) < 2:
         raise ValueError(
-            "aux_ctx_tensors must contain [softmax_stats, rng_state, (bias)] as returned by fused_attn_fwd; "
-            f"got {type(aux).__name__} of length {len(aux) if isinstance(aux, (list, tuple)) else 'n/a'}"
+            "aux_ctx_tensors must be the list fused_attn_fwd returned ([softmax_stats, rng_state, (bias)]), got "
+            + ("None" if aux is None else f"a {type(aux).__name__} of length {len(aux)}" if isinstance(aux, (list, tuple))
+               else f"a {type(aux).__name__}")
         )
     bias_type = AttnBiasType.coerce(a.attn_bias_type, argument="attn_bias_type")
     needs_bias = bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias)

@@ -110,7 +110,7 @@ def versions() -> dict[str, str]:
     ``frontend`` and ``gpu`` (name and compute capability of the current device, or
     ``"no GPU"``). One place, so that ``te-cudnn --version``, the demo and the test header
     agree."""
-    from . import __version__  # noqa: PLC0415 - the package imports this module while it initialises
+    from ._version import __version__  # noqa: PLC0415
 
     env = current_env()
     if env.sm is not None:

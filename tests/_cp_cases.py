@@ -5,7 +5,7 @@ A case is a global batch (dense ``[b, S, ...]``/``[S, b, ...]`` or THD padded to
 ``2 cp``), an upstream gradient, the fp64 reference of the full attention and te_cudnn's
 single-GPU result on the full sequence. A context-parallel result passes when it has no NaN,
 its padded rows are zero, and its error against the reference is at most 1.2x the
-single-GPU error (the issue's bar) plus a small absolute floor for errors at rounding level.
+single-GPU error (the acceptance bar) plus a small absolute floor for errors at rounding level.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ are skipped cleanly elsewhere, with the reason in the summary.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -19,6 +20,13 @@ import torch
 # it, and those that pass their own TE_CUDNN_PLAN_STORE override it.
 _TEST_PLAN_STORE = tempfile.mkdtemp(prefix="te_cudnn-test-plans-")  # 0700
 os.environ["TE_CUDNN_PLAN_STORE"] = _TEST_PLAN_STORE
+
+# Seeded random tests draw their configurations at collection. Parallel workers (pytest-xdist)
+# must collect the same tests, so without an explicit TE_CUDNN_TEST_SEED every worker of a run
+# takes the one the run's id gives (a fresh seed per run, as before).
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN_ID and not os.environ.get("TE_CUDNN_TEST_SEED"):
+    os.environ["TE_CUDNN_TEST_SEED"] = str(int(hashlib.sha256(_RUN_ID.encode()).hexdigest(), 16) % (1 << 31))
 
 
 def _cudnn_version() -> int | None:

@@ -799,7 +799,7 @@ def test_host_autotuned_plan_not_measured_says_why(results: dict) -> None:
 
 @pytest.mark.parametrize("script", sorted(p.stem for p in (REPO / "tools").glob("*.py")))
 def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
-    """The probes run on the GPU machine only; importing each one here (as ``python tools/x.py``
+    """The tools run on a GPU machine only; importing each one here (as ``python tools/x.py``
     would, with ``tools/`` on the path) catches a broken import or a name error at module level
     before a GPU run is spent on it. Each one says what it measures."""
     import importlib

@@ -444,7 +444,7 @@ def test_list_dump(capsys, tmp_path: Path) -> None:
 
 
 def test_list_dump_wrong_files(capsys, root: Path, tmp_path: Path) -> None:
-    """What a newcomer hands to --dump by mistake: one line each, exit 1, never a traceback."""
+    """What a first-time user hands to --dump by mistake: one line each, exit 1, never a traceback."""
     archive = tmp_path / "plans.tar.gz"
     assert main(["plans", "export", str(archive), "--store", str(root)]) == 0
     plain_tar = tmp_path / "plans.tar"
@@ -538,7 +538,43 @@ def test_explain_bad_arguments(capsys) -> None:
         assert err == (f"te-cudnn: --dtype {bad!r} is not a dtype fused attention takes; accepted: bfloat16, bf16, "
                        "float16, fp16, half, float8_e4m3fn, fp8, e4m3, fp8_e4m3, float8_e5m2, e5m2, fp8_e5m2\n")  # fmt: skip
     rc, _, err = run(capsys, *EXPLAIN, "--gqa-groups", "3")
-    assert rc == 2 and err == "te-cudnn: num_gqa_groups=3 does not divide num_attn_heads=16\n"
+    assert rc == 2 and err == "te-cudnn: --gqa-groups 3 does not divide --heads 16\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(("--heads", "0"), "--heads 0 must be >= 1"),
+     (("--d", "0"), "--d 0 must be >= 1"),
+     (("--batch", "-1"), "--batch -1 must be >= 0"),
+     (("--dropout", "1.5"), "--dropout 1.5 must be in [0, 1)"),
+     (("--dropout", "0.5", "--inference"), "--dropout 0.5 during inference (--inference)"),
+     (("--window", "-3", "-1"), "--window -3 -1 entries must be >= -1"),
+     (("--window", "-1", "4"), "--window -1 4 has right=4 but --mask causal allows no keys right of the diagonal"),
+     (("--layout", "bshd"), "--layout 'bshd' is not a valid QKVLayout"),
+     (("--layout", "bs3hd", "--gqa-groups", "4"), "--sq == --skv and --heads == --gqa-groups, got"),
+     (("--layout", "bshd_bs2hd", "--d-v", "64"), "packs k and v, so --d 128 must equal --d-v 64"),
+     (("--softmax-type", "sinks"), "--softmax-type 'sinks' is not a valid SoftmaxType"),
+     (("--bias", "x"), "--bias 'x' is not a valid AttnBiasType")],
+)  # fmt: skip
+def test_explain_errors_name_the_options_typed(capsys, extra: tuple[str, ...], message: str) -> None:
+    """The library's messages name its parameters (num_gqa_groups=3); the command's name the
+    options the user typed (--gqa-groups 3)."""
+    from te_cudnn.cli import EXPLAIN_FLAGS
+
+    rc, out, err = run(capsys, *EXPLAIN, *extra)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("te-cudnn: ") and message in err, err
+    assert not any(f"{name}=" in err or ("_" in name and name in err) for name in EXPLAIN_FLAGS), err
+
+
+def test_warm_check_names_the_file_keys(capsys, tmp_path: Path) -> None:
+    configs = _configs(tmp_path, [{"b": 1, "h": 16, "sq": 128, "d": 64, "dropout": 0.5, "training": False},
+                                  {"b": 1, "h": 16, "sq": 128, "d": 64, "mask": "causal", "window": [-1, 4]}])  # fmt: skip
+    rc, out, _ = run(capsys, "plans", "warm", "--check", str(configs))
+    assert rc == 2
+    assert "config 1: dropout=0.5 during inference (training=false)" in out
+    assert "config 2: window=[-1, 4] has right=4 but mask=causal" in out
+    assert "is_training" not in out and "window_size" not in out and "attn_mask_type" not in out
 
 
 def test_explain_help_documents_every_option(capsys) -> None:
@@ -713,9 +749,47 @@ def test_missing_subcommand_exits_two(capsys) -> None:
 def test_every_subcommand_has_common_options() -> None:
     parser = build_parser()
     for argv in (["plans", "list"], ["plans", "stats"], ["plans", "clear"], ["plans", "show", "x"],
-                 ["plans", "export", "f"], ["plans", "import", "f"], ["plans", "warm", "c.json"], EXPLAIN):  # fmt: skip
+                 ["plans", "export", "f"], ["plans", "import", "f"], ["plans", "warm", "c.json"],
+                 ["plans", "tune", "c.json"]):  # fmt: skip
         args = parser.parse_args([*argv, "--store", "/somewhere", "--json", "--debug"])
         assert args.store == "/somewhere" and args.json is True and args.debug is True and callable(args.func)
+    for argv in (EXPLAIN, ["bench"]):
+        args = parser.parse_args([*argv, "--json", "--debug"])
+        assert args.json is True and args.debug is True and callable(args.func)
+
+
+@pytest.mark.parametrize("argv", [EXPLAIN, ["bench", "--list"]], ids=["explain", "bench"])
+def test_store_only_where_it_is_used(capsys, argv: list[str]) -> None:
+    """explain and bench read no plan store: --store is an unknown option there, not one ignored."""
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--store", "/somewhere"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --store /somewhere" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [(["--bogus"], "te-cudnn"), (["--bogus=1"], "te-cudnn"), (["plans", "--bogus"], "te-cudnn plans"),
+     (["explain", "--bogus"], "te-cudnn explain"), (["explain", "--sq", "128", "--bogus"], "te-cudnn explain"),
+     (["plans", "list", "--bogus"], "te-cudnn"), (["explain", *EXPLAIN[1:], "--bogus"], "te-cudnn")],
+)  # fmt: skip
+def test_unknown_option_is_named(capsys, argv: list[str], prog: str) -> None:
+    """An option nobody defines is named, even where an argument is also missing."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    bogus = next(a for a in argv if a.startswith("--bogus"))
+    assert capsys.readouterr().err == f"{prog}: unrecognized arguments: {bogus} (see `{prog} --help`)\n"
+
+
+def test_missing_arguments_still_say_so(capsys) -> None:
+    """Abbreviations and negative numbers are not unknown options: the missing argument is reported."""
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--hea", "16", "--window", "-1", "-1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("te-cudnn explain: the following arguments are required: --sq, --d (see "
+                                       "`te-cudnn explain --help`)\n")  # fmt: skip
 
 
 def test_version(capsys) -> None:
@@ -785,6 +859,7 @@ def _cli_process(*argv: str, **env: str) -> subprocess.CompletedProcess:
                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_module_entry_point() -> None:
     proc = _cli_process("--help")
     assert proc.returncode == 0, proc.stderr
@@ -793,6 +868,42 @@ def test_module_entry_point() -> None:
         assert proc.stderr == ""
 
 
+@pytest.mark.slow
+def test_python_dash_m_te_cudnn() -> None:
+    """``python -m te_cudnn`` is the command line."""
+    proc = subprocess.run([sys.executable, "-m", "te_cudnn", "--bogus"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == "te-cudnn: unrecognized arguments: --bogus (see `te-cudnn --help`)"
+    proc = subprocess.run([sys.executable, "-m", "te_cudnn", *EXPLAIN], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "-> F16_arbitrary_seqlen" in proc.stdout
+
+
+BROKEN_PIPE = [
+    ("plans-list", ["-m", "te_cudnn", "plans", "list"]),
+    ("bench-list", ["-m", "te_cudnn", "bench", "--list"]),
+    ("explain", ["-m", "te_cudnn", *EXPLAIN]),
+    ("demo", ["-c", "import sys; from te_cudnn.cli import demo_main; sys.exit(demo_main(['--configs', 'test_0']))"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [a for _, a in BROKEN_PIPE], ids=[n for n, _ in BROKEN_PIPE])
+def test_closed_pipe_ends_quietly(argv: list[str], tmp_path: Path) -> None:
+    """``te-cudnn plans list | head``: the reader is gone before the output is written; the
+    command stops without a traceback (exit 141, as a shell reports SIGPIPE, or 0)."""
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[1],
+                            env={**os.environ, "TE_CUDNN_PLAN_STORE": str(tmp_path / "store")})  # fmt: skip
+    proc.stdout.close()  # before the process writes anything (importing torch takes far longer)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 141), err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.slow
 def test_process_errors_are_one_line_without_traceback(root: Path, tmp_path: Path) -> None:
     """As a user runs it: the plausible mistakes give one line on stderr and a non-zero exit."""
     archive = tmp_path / "plans.tar.gz"

@@ -1,4 +1,4 @@
-"""GPU suite: threads, CUDA streams, workspaces and host synchronisation (issue 12, item 4).
+"""GPU suite: threads, CUDA streams, workspaces and host synchronisation.
 
 * Many threads share the plan cache: 8 threads x 200 mixed fwd+bwd calls from a cold cache
   give results bit-identical to a single-threaded run (deterministic backward), build each

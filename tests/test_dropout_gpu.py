@@ -1,4 +1,4 @@
-"""GPU suite: dropout in the F16 arbitrary-seqlen sub-backend (issue 12, item 6).
+"""GPU suite: dropout in the F16 arbitrary-seqlen sub-backend.
 
 How the keep mask is observed, exactly. With q = 0 every score is 0, so each of the s keys
 of a row gets softmax weight exactly 1/s; with v = I (v[j] = e_j, s = d = 64) the output is
@@ -173,7 +173,7 @@ def test_generator_advances_by_16_per_call_and_not_without_dropout():
 
 def test_an_empty_batch_advances_the_generator_like_any_call():
     """A zero-size dropout call draws its Philox offsets as a non-empty call would, so that the
-    calls after it stay reproducible (issue 12, item 1)."""
+    calls after it stay reproducible."""
     gen = _gen(5)
     q = k = v = torch.zeros(0, S, H, D, device="cuda", dtype=torch.bfloat16)
     cu = torch.zeros(1, dtype=torch.int32, device="cuda")

@@ -359,8 +359,12 @@ def test_thd_without_padding_mask_is_declined_with_reason() -> None:
 # ----------------------------------------------------------------------------- backward errors
 BWD_ERRORS = [
     ("aux_too_short", dict(aux_ctx_tensors=_aux()[:1]), ValueError,
-     r"aux_ctx_tensors must contain \[softmax_stats, rng_state, \(bias\)\].*got list of length 1"),
-    ("aux_empty", dict(aux_ctx_tensors=[]), ValueError, r"aux_ctx_tensors must contain.*got list of length 0"),
+     r"aux_ctx_tensors must be the list fused_attn_fwd returned \(\[softmax_stats, rng_state, \(bias\)\]\), got a list "
+     r"of length 1$"),
+    ("aux_empty", dict(aux_ctx_tensors=[]), ValueError, r"aux_ctx_tensors must be the list .*, got a list of length 0$"),
+    ("aux_none", dict(aux_ctx_tensors=None), ValueError,
+     r"^aux_ctx_tensors must be the list fused_attn_fwd returned \(.*\), got None$"),
+    ("aux_tensor", dict(aux_ctx_tensors=torch.zeros(B, H, S, 1)), ValueError, r"aux_ctx_tensors must be the list .*, got a Tensor$"),
     ("aux_without_bias", dict(attn_bias_type="post_scale_bias", aux_ctx_tensors=_aux()), ValueError,
      r"aux_ctx_tensors"),
     ("stats_shape", dict(aux_ctx_tensors=[torch.zeros(B, H, S), _aux()[1]]), ValueError,
@@ -404,8 +408,79 @@ def test_bwd_malformed_input(over: dict, exc: type[Exception], match: str) -> No
 
 
 def test_bwd_aux_not_a_list() -> None:
-    with pytest.raises((TypeError, ValueError), match=r"aux_ctx_tensors"):
+    with pytest.raises(ValueError, match=r"aux_ctx_tensors must be the list fused_attn_fwd returned.*, got None$"):
         bwd(aux_ctx_tensors=None)
+
+
+# ----------------------------------------------------------------------------- first mistakes
+def _three(*shape: int) -> dict[str, torch.Tensor]:
+    return dict(q=_t(*shape), k=_t(*shape), v=_t(*shape))
+
+
+def test_te_default_layout_with_bshd_tensors() -> None:
+    """qkv_layout left at TransformerEngine's default (sbh3d) with [b, s, h, d] tensors."""
+    with pytest.raises(ValueError) as ei:
+        fwd(**_three(2, 128, H, D), max_seqlen_q=128, max_seqlen_kv=128, qkv_layout="sbh3d")
+    assert str(ei.value) == (
+        "max_seqlen_q=128 but q holds 2 positions (qkv_layout=sbh3d); sbh3d is TransformerEngine's default qkv_layout "
+        'and reads q as [s, b, h, d], but the sizes fit [b, s, h, d]: pass qkv_layout="bshd_bshd_bshd"'
+    )
+    packed = dict(zip("qkv", _t(2, 128, H, 3, D).unbind(3)))  # views of one [b, s, h, 3, d] buffer keep their packing
+    with pytest.raises(ValueError, match=r'the sizes fit \[b, s, h, d\]: pass qkv_layout="bsh3d"$'):
+        fwd(**packed, max_seqlen_q=128, max_seqlen_kv=128, qkv_layout="sbh3d")
+    with pytest.raises(ValueError, match=r'sbhd_sbhd_sbhd reads q as \[s, b, h, d\].*pass qkv_layout="bshd_bshd_bshd"$'):
+        fwd(**_three(2, 128, H, D), max_seqlen_q=128, max_seqlen_kv=128, qkv_layout="sbhd_sbhd_sbhd")
+
+
+@pytest.mark.parametrize("layout", ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "sbh3d"])
+def test_bhsd_tensors_get_the_transpose_hint(layout: str) -> None:
+    """torch SDPA's [b, h, s, d] tensors passed with a bshd or sbhd layout."""
+    with pytest.raises(ValueError) as ei:
+        fwd(**_three(2, H, 128, D), max_seqlen_q=128, max_seqlen_kv=128, qkv_layout=layout)
+    message = str(ei.value)
+    assert message.startswith("max_seqlen_q=128 but q holds "), message
+    assert ("q, k and v look like [b, h, s, d] (torch SDPA's order)" in message
+            and 'pass q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2) with qkv_layout="bshd_bshd_bshd"' in message)
+    assert ("TransformerEngine's default" in message) == (layout == "sbh3d")
+
+
+def test_bhsd_decode_tensors_get_the_transpose_hint() -> None:
+    """One query against 128 keys in [b, h, s, d]: read as bshd the head counts fail first."""
+    with pytest.raises(ValueError, match=r"k/v have 128 heads.*look like \[b, h, s, d\].*q\.transpose\(1, 2\)"):
+        fwd(q=_t(2, H, 1, D), k=_t(2, H, 128, D), v=_t(2, H, 128, D), max_seqlen_q=1, max_seqlen_kv=128)
+
+
+def test_no_hint_when_no_reading_fits() -> None:
+    with pytest.raises(ValueError) as ei:
+        fwd(max_seqlen_q=32)
+    assert str(ei.value) == "max_seqlen_q=32 but q holds 16 positions (qkv_layout=bshd_bshd_bshd)"
+
+
+def test_numpy_array_is_named_not_printed() -> None:
+    np = pytest.importorskip("numpy")
+    big = np.arange(2 * S * H * D, dtype=np.float32).reshape(B, S, H, D)
+    with pytest.raises(TypeError) as ei:
+        fwd(q=big)
+    assert str(ei.value) == ("q must be a torch.Tensor, got numpy.ndarray of shape [2, 16, 4, 64] and dtype float32; "
+                             'convert it with torch.as_tensor(q, device="cuda")')  # fmt: skip
+    with pytest.raises(TypeError, match=r"^q must be a torch\.Tensor, got numpy\.ndarray of shape \[2, 16, 4, 64\]"):
+        te_cudnn.fused_attention(big, big, big)
+    with pytest.raises(TypeError, match=r"cu_seqlens_q must be a torch\.Tensor, got numpy\.ndarray of shape \[3\]"):
+        fwd(cu_seqlens_q=np.array([0, S, 2 * S], dtype=np.int32), attn_mask_type="padding")
+
+
+def test_help_of_fused_attention_lists_every_option() -> None:
+    import inspect
+    import pydoc
+
+    from te_cudnn.autograd import _OPTION_NAMES
+
+    text = pydoc.render_doc(te_cudnn.fused_attention, renderer=pydoc.plaintext)
+    lines = text.splitlines()
+    keywords = [n for n, p in inspect.signature(te_cudnn.fused_attention).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    assert {"attn_bias", "cu_seqlens_q", "is_training", "lengths"} <= set(keywords)
+    for name in (*_OPTION_NAMES, *keywords):
+        assert sum(line.strip().startswith((f"- ``{name}``", f"- ``{name}=")) for line in lines) == 1, name
 
 
 def test_preallocated_out_must_match() -> None:

@@ -1,4 +1,4 @@
-"""A newcomer's first hour on a machine without a GPU: the README's snippet, messages for
+"""First use on a machine without a GPU: the README's snippet, messages for
 plausible mistakes, versions, and no warnings the user did not cause; CPU only."""
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def test_demo_reference_errors_are_quiet(warn_always) -> None:
     assert err_o < 1e-6 and err_dq < 1e-6  # the same computation, on the first group of heads
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the demo's CPU path (tests/test_newcomer_gpu.py covers the GPU one)")
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the demo's CPU path (tests/test_first_use_gpu.py covers the GPU one)")
 def test_demo_on_cpu_prints_versions_and_no_warnings() -> None:
     proc = subprocess.run([sys.executable, "-m", "te_cudnn.demo", "--configs", "test_0"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)  # fmt: skip

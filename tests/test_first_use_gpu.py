@@ -1,4 +1,4 @@
-"""A newcomer's first hour on a GPU machine: the demo is quiet, the README's GPU snippet runs,
+"""First use on a GPU machine: the demo is quiet, the README's GPU snippet runs,
 and the shipped warm-up file builds its plans. GPU only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CPU tests of the Hugging Face transformers integration (issue 13 item 6).
+"""CPU tests of the Hugging Face transformers integration.
 
 Registration through transformers' public interfaces, model selection (``from_config`` and
 ``set_attn_implementation``), that masks reach te_cudnn (the mask interface is registered

@@ -1,4 +1,4 @@
-"""GPU: Hugging Face transformers models on te_cudnn attention (issue 13 item 6).
+"""GPU: Hugging Face transformers models on te_cudnn attention.
 
 A randomly initialised small Llama (hidden 256, 3 layers, 8 heads over 2 KV heads: GQA, head
 dim 32; vocab 1000; built from a config, nothing downloaded) in bf16 on CUDA, with

@@ -147,7 +147,7 @@ def test_backward_follows_the_saved_aux():
 
 def test_selection_prefers_flash_and_falls_back_to_max512():
     cfg = _cfg()
-    assert select(cfg, HOPPER_CUDNN_919) is ARB  # measured faster at every size (issue #6)
+    assert select(cfg, HOPPER_CUDNN_919) is ARB  # measured faster at every size
     # TE's policy: where the flash path cannot serve (here: cuDNN 9.10.0, bad for it), max512 does
     old = RuntimeEnv(sm=90, cudnn_version=91000)
     assert select(cfg, old) is MAX512

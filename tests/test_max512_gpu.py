@@ -1,4 +1,4 @@
-"""GPU suite for the F16 max512 sub-backend (cuDNN's non-flash engine, issue #6).
+"""GPU suite for the F16 max512 sub-backend (cuDNN's non-flash engine).
 
 Cases come from the sub-backend's declaration (layouts x masks x bias types x fp16/bf16).
 Each runs forward and backward through the public functions with the backend named

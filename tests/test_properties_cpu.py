@@ -455,6 +455,7 @@ def _random_calls(kw: dict[str, Any]) -> None:
     _record("random_calls", outcome)
 
 
+@pytest.mark.slow
 def test_random_calls_validate_or_name_the_argument() -> None:
     """Random calls validate or end in a typed error naming an argument (:func:`_random_calls`),
     and over the run they reach every kind of outcome: graphs of each sub-backend validated, in

@@ -354,6 +354,7 @@ def _constructor_property(c: CtorCall) -> None:
     _record(test, "constructed" + ("-gray" if c.gray else ""))
 
 
+@pytest.mark.slow
 def test_constructor_constructs_or_names_the_argument() -> None:
     """Drawn constructor arguments: constructed with matching attributes (TE defaults for the
     omitted ones), or ValueError / TypeError naming a drawn-bad argument."""
@@ -1033,13 +1034,14 @@ def _forward_property(c: FwdCase) -> None:
     note(f"outcome: {_describe(err)[:300]}")
     if len(c.errors) == 1 and err is not None and type(err) in (ValueError, TypeError) and NEEDS_CUDA not in str(err):
         (tag,) = c.errors
-        if tag.startswith("shape-heads") or tag == "shape-head-dim":  # the brief's clear-cut case: the layer
+        if tag.startswith("shape-heads") or tag == "shape-head-dim":  # the clear-cut case: the layer
             names, _, _ = c.errors[tag]
             assert type(err) is ValueError and _names_in(str(err), names), f"{tag}: {err}"
     _judge(test, c, err, MODULE_NAMES | CORE_NAMES | {"q", "k", "v"},
            CORE_NAMES | {"q", "k", "v"}, "DotProductAttention.forward")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_forward_reaches_cuda_or_names_the_argument() -> None:
     """Drawn forward calls on CPU / meta tensors: well-formed ones end in the CUDA-device
     ValueError; malformed ones in a typed error naming an argument involved."""
@@ -1377,6 +1379,7 @@ def _sdpa_property(c: SdpaCase, positional: bool) -> None:
            "te_cudnn.scaled_dot_product_attention")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sdpa_reaches_cuda_or_names_the_argument() -> None:
     """Drawn SDPA calls on CPU / meta tensors: well-formed ones end in the CUDA-device
     ValueError; malformed ones in a typed error naming an argument, or UnsupportedConfigError

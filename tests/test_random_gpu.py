@@ -1,4 +1,4 @@
-"""Random-configuration GPU acceptance test (issue 12, item 6).
+"""Random-configuration GPU acceptance test.
 
 A seeded generator draws configurations from the sub-backends' declared capabilities:
 dense layouts (packed, cross, GQA, head dims 16..256, d_qk != d_v, alibi, sliding windows),

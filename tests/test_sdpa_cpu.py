@@ -1,4 +1,4 @@
-"""CPU tests of te_cudnn.scaled_dot_product_attention (the torch SDPA drop-in), issue 13 item 5.
+"""CPU tests of te_cudnn.scaled_dot_product_attention (the torch SDPA drop-in).
 
 * argument validation: torch's rules, with errors that name the argument;
 * the mask -> post-scale bias conversion (``te_cudnn.sdpa.mask_to_bias``) as a unit: attention

@@ -252,7 +252,7 @@ def test_select_forced_max512_serves_or_says_why() -> None:
     ok = _cfg(attn_mask_type="causal", num_attn_heads=8, num_gqa_groups=8, head_dim_qk=64, head_dim_v=64,
               max_seqlen_q=256, max_seqlen_kv=256)  # fmt: skip
     assert select(ok, HOPPER_CUDNN_919, forced=FusedAttnBackend.F16_max512_seqlen).enum is FusedAttnBackend.F16_max512_seqlen
-    # automatic selection keeps the flash path where both serve (measured faster, issue #6)
+    # automatic selection keeps the flash path where both serve (measured faster)
     assert select(ok, HOPPER_CUDNN_919).enum is FusedAttnBackend.F16_arbitrary_seqlen
     bad = _cfg(attn_mask_type="padding", max_seqlen_q=1024, max_seqlen_kv=1024)
     with pytest.raises(UnsupportedConfigError, match=r"with the requested F16_max512_seqlen") as ei:

@@ -1,4 +1,4 @@
-"""Attention sinks on the GPU (issue 14): te_cudnn against the fp32 reference with sinks.
+"""Attention sinks on the GPU: te_cudnn against the fp32 reference with sinks.
 
 Random configurations (seeded: ``TE_CUDNN_TEST_SEED`` replays one; the seed is printed and in
 every failure message) over dense and packed layouts, GQA/MQA, masks, sliding windows, post-scale
@@ -174,7 +174,7 @@ def test_random_sink_configurations_match_the_reference(case: Case):
 
 
 def test_print_sink_accuracy_summary():
-    """The worst relative errors seen above (after them in file order): the issue's accuracy figures."""
+    """The worst relative errors seen above (after them in file order): the accuracy figures to report."""
     if not _SUMMARY:
         pytest.skip("run with the random-configuration test")
     print(f"\nsink accuracy vs fp32 reference, seed={SEED}, {len(CASES)} configurations (max relative error):")

@@ -1,4 +1,4 @@
-"""GPU: te_cudnn as a PyTorch operator (issue 13): opcheck, torch.compile, CUDA graphs with
+"""GPU: te_cudnn as a PyTorch operator: opcheck, torch.compile, CUDA graphs with
 dropout, the DotProductAttention module against the fp32 reference."""
 
 from __future__ import annotations

@@ -552,6 +552,7 @@ def test_env_forces_custom_ops_in_eager(probes) -> None:
     assert probes("env=on") == "True"
 
 
+@pytest.mark.slow
 def test_env_off_means_plain_eager(probes) -> None:
     assert probes("env=0") == "False"
 

@@ -236,7 +236,7 @@ def test_empty_sequences_without_fills(layout, mask):
 @pytest.mark.parametrize("layout", ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bshd_bs2hd"])
 def test_one_query_row_with_empty_sequences(layout, mask):
     """max_seqlen_q = 1 with sequences that have no query and sequences that have no key. cuDNN's
-    one-row engines compute row 0 of a sequence with no query (tools/probe_empty_rows.py): te_cudnn
+    one-row engines compute row 0 of a sequence with no query (cuDNN 9.19, NaN-prefilled results): te_cudnn
     remaps the lengths, so that row is exactly zero in O and no gradient flows from it. (Top-left
     causal is left to the forward test below: its one row sees exactly one key, so dQ is exactly
     zero and a relative comparison measures rounding noise against zero: H100 run, ‖dQ‖ ~ 2e-6.)"""

@@ -1,4 +1,4 @@
-"""Host cost of the custom-op path vs direct calls (issue 13: the dispatcher must not tax eager users).
+"""Host cost of the custom-op path vs direct calls (the dispatcher must not tax eager users).
 
 Times back-to-back cached calls on a small problem where the host path is the speed, for:
 the direct ``fused_attn_fwd``; ``fused_attention`` in eager mode (the direct path it takes by

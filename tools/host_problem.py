@@ -2,7 +2,7 @@
 
 b=1, h=1, s=64, d=64, bf16, bshd, no mask, forward (``te_cudnn.benchmark.runner.host_section``):
 q, k, v, the int32 ``cu_seqlens``, the call's keywords, and te_cudnn's prepared call and plan
-after one call (``probe_host_breakdown.py``, ``probe_host_api_calls.py``, ``probe_host_engines.py``).
+after one call (``probe_host_breakdown.py``, ``probe_host_api_calls.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 store (built) and with a warm store (loaded); per-plan build vs load; the one-time cuDNN
 initialisation neither path avoids.
 
-Host timings on lent machines vary by 1.5x between processes, so the cold/warm pair runs
+Host timings on shared cloud machines vary by 1.5x between processes, so the cold/warm pair runs
 ``--repeat`` times (each with its own empty store) and the summary gives every pair and the
 medians over pairs.
 

@@ -8,8 +8,9 @@ many back-to-back calls, one synchronize, medians):
 * the yardsticks: the hand-built graph without stats (the benchmark's) and with stats (the same
   computation as te_cudnn's forward, which always writes the softmax stats as TE's does), each
   through the frontend's ``graph.execute(dict)`` into preallocated outputs;
-* te_cudnn: the frontend's native execute of a pointer array built before (the floor), the whole call, the call into preallocated ``out`` and ``softmax_lse``, te_cudnn's
-  plan launched with pointers read beforehand (``PlanLauncher.raw``: the floor), the call with
+* te_cudnn: the whole call, the call into preallocated ``out`` and ``softmax_lse``, te_cudnn's
+  plan launched with pointers read beforehand (``PlanLauncher.raw``), the frontend's native
+  execute of a pointer array built beforehand (the floor), the call with
   the launch replaced by a no-op (its Python alone), the signature lookup alone (the rest
   replaced by a no-op), and the two result allocations alone.
 

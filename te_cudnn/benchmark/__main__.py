@@ -1,5 +1,6 @@
 import sys
 
+from ..cli import quiet_broken_pipe
 from .cli import main
 
-sys.exit(main())
+sys.exit(quiet_broken_pipe(main))

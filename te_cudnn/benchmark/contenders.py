@@ -125,13 +125,11 @@ def all_contenders(env: Any = None) -> list[Contender]:
 
 
 #: --contenders groups
-#: ``targets``: the contenders issue 15's targets compare (te_cudnn heuristic / autotuned / FP8 /
+#: ``targets``: the contenders the report's targets compare (te_cudnn heuristic / autotuned / FP8 /
 #: decode, the hand-built graph, torch SDPA cuDNN), without those no target reads (torch SDPA
 #: flash and efficient, FlexAttention, max512): the same timing seconds give each of them about
-#: twice the rounds, so the intervals around the targets' ratios narrow. On an H100 the clocks
-#: drift by up to 10 % over a sustained run; five samples per contender were not enough to
-#: tell 1.02 from noise (llama_h64_s16k: 1.085x the hand-built graph in a full run, 1.004x with
-#: 40 rounds of four contenders, ``benchmarks/2026-11-26-s14-h100/h64s16k/``).
+#: twice the rounds, so the intervals around the targets' ratios narrow (clocks drift over a
+#: sustained run; a few samples per contender cannot tell 2 % from noise).
 CONTENDER_GROUPS = {"te": ("te_cudnn", "te_cudnn_autotuned", "te_cudnn_fp8", "te_cudnn_fp8_autotuned",
                            "te_cudnn_max512", "te_cudnn_decode", "te_cudnn_decode_dense"),
                     "sdpa": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"),

@@ -129,7 +129,7 @@ def _fmt(x: Optional[float]) -> str:
 
 # ---------------------------------------------------------------------------- host time
 #: ``host`` section: te_cudnn's cached call may cost at most this much more host time than the
-#: bare ``graph.execute`` of a hand-built graph (the issue's target)
+#: bare ``graph.execute`` of a hand-built graph (the report's target)
 HOST_TARGET_US = 3.0
 HOST_YARDSTICK = "bare graph.execute (hand-built graph)"
 HOST_TE = "te_cudnn fused_attn_fwd"

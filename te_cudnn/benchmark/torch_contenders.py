@@ -120,7 +120,7 @@ def _no_buffer_donation() -> None:
     timing replays one backward with ``retain_graph=True``, which a compiled backward with
     donated buffers refuses ("non-empty donated buffers which requires ... retain_graph=False").
     Donation is decided when the forward is compiled and the backward is compiled lazily, so a
-    patch around the first call alone did not help (benchmarks/2026-11-25-h100-flex-donated);
+    patch around the first call alone did not help (the backward still saw donated buffers);
     the benchmark is a process of its own, and this only costs the compiled backward the memory
     donation would have saved."""
     try:

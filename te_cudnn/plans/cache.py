@@ -146,7 +146,7 @@ def _machine_facts(device: int) -> dict[str, Any]:
     """Everything a serialized plan depends on besides its key (the store's fingerprint)."""
     import torch  # noqa: PLC0415
 
-    from .. import __version__  # noqa: PLC0415
+    from .._version import __version__  # noqa: PLC0415
     from ..runtime import current_env, frontend_version  # noqa: PLC0415
 
     env = current_env(device)
@@ -362,9 +362,8 @@ def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
     exception in a local variable: exception -> traceback -> frame -> exception, a reference
     cycle. Every frame holds its caller (``f_back``), so that cycle held the whole calling
     stack, te_cudnn's frames and the user's, with their locals (the call's results, a training
-    step's activations) until the next full garbage collection: one extra set of results, 1288
-    MiB, on the 64K-token benchmark case (``tools/probe_first_call_memory.py``,
-    ``tools/probe_first_call_cycle.py``). Built in a thread of its own, the planner's frames
+    step's activations) until the next full garbage collection: one extra set of results on a
+    long-sequence first call. Built in a thread of its own, the planner's frames
     reach only that thread's stack. Costs a thread start per build (tens of microseconds against
     builds of 50 ms and more); the cached path never comes here."""
     box: dict[str, Any] = {}

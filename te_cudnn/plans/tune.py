@@ -981,12 +981,11 @@ def interleaved_event_timer(runs: Sequence[Callable[[], None]], *, warmup: int =
     spell; side by side, every candidate sees the same conditions (as the benchmark times its
     contenders). H100, cuDNN 9.19, Llama forward (b=2, h=32, hg=8, s=8K, causal): timed alone
     for ~20 ms each (record version 1), eng2_k24=7 (the heuristic plan) and eng2 both took
-    1.72 ms, while a full benchmark measured the heuristic plan at 1.9-2.0 ms in sustained runs
-    (``benchmarks/2026-11-26-h100-sdpa-implementation/``,
-    ``benchmarks/2026-11-26-h100-tune-interleaved/``). Launches of a host-bound run are
-    queued behind a spin of the stream so that host time is not timed; a sample whose spin was
-    over before the host had queued it is taken again in a later round with twice the spin (at
-    most :data:`SPIN_RETRIES` times per run)."""
+    1.72 ms, while a full benchmark measured the heuristic plan at 1.9-2.0 ms in sustained runs;
+    timed side by side, the tuner kept the heuristic plan on each of the benchmark's Llama
+    cases. Launches of a host-bound run are queued behind a spin of the stream so that host
+    time is not timed; a sample whose spin was over before the host had queued it is taken
+    again in a later round with twice the spin (at most :data:`SPIN_RETRIES` times per run)."""
     import torch  # noqa: PLC0415
 
     n = len(runs)
