@@ -128,7 +128,7 @@ def versions() -> dict[str, str]:
 
 
 def format_versions(v: Optional[dict[str, str]] = None) -> str:
-    """:func:`versions` on one line: ``te_cudnn 0.1.0, torch 2.11.0, CUDA 12.8, cuDNN 9.19.0,
+    """:func:`versions` on one line: ``te_cudnn 0.2.0, torch 2.11.0, CUDA 12.8, cuDNN 9.19.0,
     frontend 1.32.0, GPU NVIDIA H100 80GB HBM3 (sm90)`` (``..., no GPU`` without one)."""
     v = versions() if v is None else v
     gpu = v["gpu"] if v["gpu"] == "no GPU" else f"GPU {v['gpu']}"
