@@ -821,6 +821,17 @@ def _empty_fwd(prep: _Prepared, q, out, softmax_lse, attn_bias, rng_gen, amax_sl
     return o, aux
 
 
+def _head_padded(memo: SigMemo, sig: Optional[tuple], cfg: AttnConfig, pad: tuple[int, int],
+                 device: torch.device) -> _Prepared:  # fmt: skip
+    """The prepared call of a signature whose head dims are not a multiple of 8: each call runs
+    on zero-padded copies of its tensors (te_cudnn.served), prepared under their own signature."""
+    _log.debug("%s: head dims padded to %s (tensors copied per call)", cfg.summary(), pad)
+    prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=device,  # type: ignore[arg-type]
+                     rng_increment=0, head_pad=pad)  # fmt: skip
+    _remember(memo, sig, prep)
+    return prep
+
+
 def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
     """Slow path of the forward: validate, select, key. Runs once per call signature."""
     if _is_capturing():
@@ -845,14 +856,10 @@ def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
     if a.rng_gen is not None and not isinstance(a.rng_gen, torch.Generator):
         raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a.rng_gen).__name__}")
     pad = head_pad(cfg)
-    if pad is not None:  # head dims not a multiple of 8: each call runs on padded copies (te_cudnn.served)
+    if pad is not None:
         _check_result_buffer("out", a.out, (*a.q.shape[:-1], cfg.d_v), cfg.dtype, a.q)
         _require_cuda(cfg, a.q)
-        _log.debug("%s: head dims padded to %s (q, k, v copied per call)", cfg.summary(), pad)
-        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
-                         rng_increment=0, head_pad=pad)  # fmt: skip
-        _remember(_fwd_memo, sig, prep)
-        return prep
+        return _head_padded(_fwd_memo, sig, cfg, pad, a.q.device)
     full_form = as_padding_mask(cfg)  # rows without a key: through the padding-mask graph (te_cudnn.served)
     if full_form is not None:
         cfg = full_form
@@ -1259,11 +1266,8 @@ def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
     _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
     env = _require_cuda(cfg, a.q)
     pad = head_pad(cfg)
-    if pad is not None:  # head dims not a multiple of 8: each call runs on padded copies (te_cudnn.served)
-        prep = _Prepared(cfg=cfg, backend=None, key=None, out_shape=(), stats_shape=(), device=a.q.device,  # type: ignore[arg-type]
-                         rng_increment=0, head_pad=pad)  # fmt: skip
-        _remember(_bwd_memo, sig, prep)
-        return prep
+    if pad is not None:
+        return _head_padded(_bwd_memo, sig, cfg, pad, a.q.device)
     full_form = as_padding_mask(cfg)  # rows without a key: through the padding-mask graph (te_cudnn.served)
     if full_form is not None:
         cfg = full_form

@@ -424,7 +424,7 @@ def test_interleaved_timer_times_runs_side_by_side_and_isolates_a_failing_one() 
 
 def test_timer_hides_the_host_time_of_a_host_bound_run_after_an_idle_spell() -> None:
     """A run whose launches take the host far longer than the GPU (one tiny kernel and ~30 µs
-    of host work) is timed at its device time: its samples are queued behind a spin. After an
+    of host work) is timed at its GPU time: its samples are queued behind a spin. After an
     idle spell the GPU's first spins run at a low clock; a spin rate read there made later spins
     too short, and the tuner then timed host launches (an H100 benchmark run timed every
     candidate of the host problem at ~13 µs, the frontend's host time per launch, instead of

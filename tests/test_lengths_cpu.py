@@ -11,15 +11,7 @@ import torch
 import te_cudnn as tc
 from te_cudnn import decode, varlen
 
-from test_runtime_cache_cpu import _prep  # noqa: F401 - the shared prepared-call builder
-
-
-@pytest.fixture(autouse=True)
-def _cpu_stream(monkeypatch):
-    monkeypatch.setattr(varlen, "current_raw_stream", lambda device: 0)  # CPU tensors: one "stream"
-    varlen.clear()
-    yield
-    varlen.clear()
+from test_runtime_cache_cpu import _cpu_stream, _prep  # noqa: F401 - the prepared-call builder, one "stream"
 
 
 def _thd(total=100):

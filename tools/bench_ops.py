@@ -5,7 +5,7 @@ the direct ``fused_attn_fwd``; ``fused_attention`` in eager mode (the direct pat
 default); the same through the custom op (``te_cudnn.torch_ops.attention``, what compiling or
 capturing uses); and the raw ``torch.ops.te_cudnn.fwd`` call. Forward only under no_grad, and
 forward + backward with autograd. Interleaved rounds, medians of host microseconds per call
-(perf_counter over many calls, then one synchronize), and the same contenders as device time
+(perf_counter over many calls, then one synchronize), and the same contenders as GPU time
 per call with CUDA events.
 
     python tools/bench_ops.py [--json out.json]

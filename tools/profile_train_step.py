@@ -63,7 +63,7 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
         step()
         e1.record()
         host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()  # isolate each step: host time and device time separately
+        torch.cuda.synchronize()  # isolate each step: host time and GPU time separately
         ms.append(e0.elapsed_time(e1))
     print(f"\n== {attn} {mode}: median step {statistics.median(ms):.2f} ms (events, synced per step), "
           f"host {statistics.median(host):.2f} ms")
@@ -86,7 +86,7 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
         print(f"device kernels per step: {sum(kernels.values()) / a.steps:.1f}; runtime calls per step: "
               + ", ".join(f"{n} {c / a.steps:.1f}" for n, c in runtime.most_common()))
         print(f"device busy per step: {sum(busy.values()) / a.steps / 1e3:.3f} ms (sum of kernel durations)")
-        print(f"  {'calls':>6s}  {'us/step':>9s}  kernel (by device time)")
+        print(f"  {'calls':>6s}  {'us/step':>9s}  kernel (by GPU time)")
         for name, us in busy.most_common(a.top):
             print(f"  {kernels[name] / a.steps:6.1f}  {us / a.steps:9.1f}  {name}")
         return

@@ -1,6 +1,6 @@
 """Timing and counting on the device.
 
-* Device time: CUDA events around ``reps`` back-to-back eager calls that follow one untimed
+* GPU time: CUDA events around ``reps`` back-to-back eager calls that follow one untimed
   call (host gaps included: a host-bound call shows them), and around the replay of a CUDA
   graph holding ``reps`` captured calls (no host gaps). Before each sample the same contender
   runs untimed for a while (``lead``), so the GPU's clocks settle to its own load; contenders are
@@ -85,7 +85,7 @@ def lead_count(lead_ms: float, ms_per_unit: float, least: int = 0) -> int:
 def eager_sampler(call: Callable[[], Any], reps: int, lead: int = EAGER_LEAD) -> Callable[[], float]:
     """Back-to-back eager calls: ``lead`` untimed calls (at least one), then ``reps`` timed ones.
     The host queues the timed calls while the GPU runs the lead ones, so the time is the calls'
-    device time plus only the gaps a host that cannot keep up leaves (small, host-bound calls
+    GPU time plus only the gaps a host that cannot keep up leaves (small, host-bound calls
     show them); a longer lead also lets the GPU's clocks settle to this call's own load."""
     lead = max(EAGER_LEAD, lead)
     return lambda: event_ms(call, reps, lead=lead)

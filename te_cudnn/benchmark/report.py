@@ -6,7 +6,7 @@ The results dict (written by :func:`.runner.run_benchmark`, read back from resul
 ``matmul_fp8_tflops``, ``copy_gbps``), ``host`` (``us`` per contender, ``yardstick``,
 ``te_cudnn``, ``target_us``), ``cases`` (each case's fields with ``flops_fwd``, ``flops_bwd``,
 ``kv_bytes``, ``modes``) and ``results``: one row per (case, contender) with ``status``
-(``ok`` / ``skipped`` / ``error``), ``reason`` and, when it ran, ``{mode}_ms`` (device time:
+(``ok`` / ``skipped`` / ``error``), ``reason`` and, when it ran, ``{mode}_ms`` (GPU time:
 CUDA-graph replay, or eager where no graph was captured), ``{mode}_eager_ms``,
 ``{mode}_graph_ms``, ``first_call_ms``, ``build_ms``, ``load_ms``, ``peak_mib``, ``mem_ratio``.
 Derived here: TFLOP/s and % of the measured matmul peak, KV-cache GB/s and % of the copy
@@ -584,7 +584,7 @@ def to_markdown(results: dict) -> str:
     if targets:
         out += ["## Targets", "", *targets, ""]
     out += ["## Time (ms): fwd+bwd for training, fwd for decode", "",
-            f"Device time, median over interleaved rounds: CUDA-graph replay of back-to-back calls (eager calls "
+            f"GPU time, median over interleaved rounds: CUDA-graph replay of back-to-back calls (eager calls "
             f"where a call takes over 20 ms or capture failed). (×) = time relative to {REFERENCE} on the same "
             f"case (below 1 is faster). — = not run (reasons below).", "",
             *_grid(results, flat, _time_cell(ratio=True)), ""]  # fmt: skip
