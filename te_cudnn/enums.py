@@ -70,7 +70,7 @@ class _NamedIntEnum(enum.IntEnum):
     @classmethod
     def _by_name(cls) -> dict[str, "_NamedIntEnum"]:
         table = _NAME_TABLES.get(cls)
-        if table is None:  # built once per enum: rebuilding it cost ~30 us per coerce
+        if table is None:  # built once per enum, not per coerce
             table = _NAME_TABLES[cls] = {m.name.lower(): m for m in cls}
         return table
 

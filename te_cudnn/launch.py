@@ -15,8 +15,8 @@ CUDA graphs: ``is_capturing`` (torch's C entry point) and ``capture_id``, the dr
 the capture the current stream is in, which scopes te_cudnn's runtime-buffer cache to one
 captured graph (``te_cudnn.varlen``). Work on the legacy default stream (raw handle 0, torch's
 default stream) is never captured: CUDA refuses to begin a capture there, and torch's
-``CUDAGraph`` requires a non-default stream. So a launch there skips the capture query (about
-0.3 µs on an H100 host, paid by every launch of a plan with workspace on another stream).
+``CUDAGraph`` requires a non-default stream. So a launch there skips the capture query, which
+every launch of a plan with workspace on another stream pays.
 
 Operand check (a debug mode, off by default): with ``TE_CUDNN_CHECK_OPERANDS=1`` in the
 environment (read once, at import) or after ``check_operands(True)``, ``execute`` compares

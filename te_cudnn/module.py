@@ -218,8 +218,8 @@ class DotProductAttention(torch.nn.Module):
         return offset if offset.dtype == torch.float32 else offset.float()
 
     def _opts(self, layout: str, mask: str, bias_type: str, window: tuple[int, int], dropout: float) -> AttnOptions:
-        """The call's options, remembered per combination in eager mode (a dataclass costs a few
-        µs to build). While compiling they are built afresh: the trace folds them to constants,
+        """The call's options, remembered per combination in eager mode (building the dataclass
+        costs host time on every call). While compiling they are built afresh: the trace folds them to constants,
         and the compiled code then carries no guards on the cache dict."""
         if _is_compiling():
             return self._make_opts(layout, mask, bias_type, window, dropout)

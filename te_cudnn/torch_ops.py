@@ -55,7 +55,7 @@ if not _TAGS and hasattr(torch.Tag, "needs_fixed_stride_order"):  # pragma: no c
 _CU = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded"
 #: The options travel as one string (:func:`op_config`): the dispatcher converts every argument
 #: between Python and C++ on each call, and one string costs a fraction of a dozen scalars
-#: (tools/probe_dispatch.py: 26 arguments 21.8 us, 5 arguments 7.9 us per call on an H100 host).
+#: (``tools/probe_dispatch.py`` measures it).
 #: The two floats stay arguments: under ``dynamic=True`` torch.compile may trace a module's
 #: float attributes as symbols, which cannot be formatted into a constant string.
 FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, {_CU}, Tensor? page_table_k, Tensor? page_table_v, "
@@ -529,7 +529,7 @@ def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, win
 #: custom_op's Python wrappers, which cost tens of microseconds per call in compiled graphs
 #: (measured: tools/bench_ops.py). ``fwd``'s autograd is its own Autograd kernel rather than
 #: ``register_autograd``'s, whose no-grad path (every call of a compiled graph) goes through the
-#: dispatcher a second time: 35-39 us against 22 us per call on an H100 host (tools/probe_dispatch.py).
+#: dispatcher a second time (``tools/probe_dispatch.py`` measures both).
 _lib = torch.library.Library("te_cudnn", "DEF")
 
 

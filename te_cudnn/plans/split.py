@@ -1,9 +1,8 @@
 """Running one backward as several smaller calls, where cuDNN's engine falls off a cliff.
 
-Measured on an H100 with cuDNN 9.19: the FP8 backward's only engine (``eng6_k24=26``) takes 4x
-the time for 2x the work once ``b * h >= 64`` (9.4 ms at b=2, h=32, s=8K causal against 2.36 ms
-at b=1), while splitting the call over halves of the batch gives the same results in about
-half the time. The split is an execution choice like an engine: the autotuner
+With cuDNN 9.19 on Hopper the FP8 backward's only engine takes about 4x the time for 2x the
+work once ``b * h >= 64``, while splitting the call over halves of the batch gives the same
+results in about half the time (the numbers are in the benchmark results). The split is an execution choice like an engine: the autotuner
 (:mod:`te_cudnn.plans.tune`) times it for FP8 backward keys, on the same operands, after
 checking that the parts reproduce the whole call's outputs, and records the fastest choice in
 the tuning record (``record["split"]``) stored with the plan, so a later process reads it

@@ -1122,9 +1122,8 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
         rule = f"{rule}; the heuristic plan was rejected ({heuristic.error})"
     if timer is None and heuristic is not None and heuristic.error is None and chosen.index != heuristic.index:
         # confirm a swap the way calls run in training loops and CUDA graphs: each plan's launches
-        # captured in a CUDA graph, the two graphs replayed in alternation (on an H100 a forward
-        # engine measured 1.34x faster back-to-back above ran 2x slower than the heuristic one
-        # in graph replay)
+        # captured in a CUDA graph, the two graphs replayed in alternation (an engine faster
+        # back-to-back can be slower than the heuristic one in graph replay)
         spaces = {c.index: workspace(c) for c in candidates if c.index in (chosen.index, heuristic.index)}
         ratio = _graph_replay_ratio(lambda i: execute(i, spaces[i]), chosen.index, heuristic.index, device, cfg.device)
         if ratio is None or ratio * min_speedup > 1.0:
