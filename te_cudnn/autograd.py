@@ -243,7 +243,8 @@ def fused_attention(
       ``[1, h, 1, 1]``, differentiable.
     - ``lengths``: a :class:`te_cudnn.BatchLengths` of ``cu_seqlens_q/kv``, built once per
       batch and passed to every layer, reuses the lengths the first layer derived (without
-      it, every call derives them; the backward always reuses its forward's).
+      it, every call derives them; in eager mode the backward reuses its forward's, while the custom
+      operators that torch.compile and CUDA-graph capture use derive them in each call).
 
     An unknown keyword raises ``TypeError`` naming it, what was probably meant (``is_causal``,
     ``softmax_scale``, ...) and every accepted option.
