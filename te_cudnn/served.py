@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -30,7 +29,6 @@ from .layouts import layout_info
 
 __all__ = ["head_pad", "padded_head_dim", "pad_heads", "as_padding_mask", "full_lengths", "padded_fwd", "padded_bwd"]
 
-_log = logging.getLogger("te_cudnn")
 _F16 = (torch.float16, torch.bfloat16)
 _PADDING_VARIANT = {
     AttnMaskType.no_mask: AttnMaskType.padding,

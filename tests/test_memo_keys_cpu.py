@@ -108,6 +108,23 @@ def _cu() -> torch.Tensor:
     return torch.tensor([0, S, 2 * S], dtype=I32)
 
 
+def _shared_options(cu: torch.Tensor) -> dict[str, list[tuple[str, Any]]]:
+    """The options fused_attn_fwd and fused_attn_bwd share, varied alike for both (F16 baseline)."""
+    return {
+        "cu_seqlens_q_padded": tensor_values("cu_seqlens_q_padded", cu, optional=True),
+        "cu_seqlens_kv_padded": tensor_values("cu_seqlens_kv_padded", cu, optional=True),
+        "attn_scale": plain_values("attn_scale", None, 0.125, 0.25),
+        "dropout": plain_values("dropout", 0.0, 0.1, 0.25),
+        "fast_zero_fill": plain_values("fast_zero_fill", True, False),
+        "qkv_layout": plain_values("qkv_layout", "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bshd_sbhd_sbhd", "thd_thd_thd"),
+        "attn_bias_type": plain_values("attn_bias_type", "no_bias", "post_scale_bias", "alibi"),
+        "attn_mask_type": plain_values("attn_mask_type", "causal", "no_mask", "causal_bottom_right", "padding_causal"),
+        "softmax_type": plain_values("softmax_type", "vanilla", "off_by_one", "learnable"),
+        "window_size": plain_values("window_size", (-1, -1), (8, 0), (4, 4)),
+        "bottom_right_diagonal": plain_values("bottom_right_diagonal", None, True, False),
+    }
+
+
 def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
     """fused_attn_fwd: dense bshd bf16 self-attention, causal, no bias."""
     q, k, v = (torch.zeros(B, S, H, D, dtype=BF16) for _ in range(3))
@@ -126,19 +143,9 @@ def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
         "fused_attention_backend": plain_values("fused_attention_backend", None, FusedAttnBackend.F16_arbitrary_seqlen,
                                                 FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8),  # fmt: skip
         "attn_bias": tensor_values("attn_bias", torch.zeros(1, H, S, S, dtype=BF16), optional=True, misaligned=True),
-        "cu_seqlens_q_padded": tensor_values("cu_seqlens_q_padded", cu, optional=True),
-        "cu_seqlens_kv_padded": tensor_values("cu_seqlens_kv_padded", cu, optional=True),
         "page_table_k": tensor_values("page_table_k", table, optional=True),
         "page_table_v": tensor_values("page_table_v", table, optional=True),
-        "attn_scale": plain_values("attn_scale", None, 0.125, 0.25),
-        "dropout": plain_values("dropout", 0.0, 0.1, 0.25),
-        "fast_zero_fill": plain_values("fast_zero_fill", True, False),
-        "qkv_layout": plain_values("qkv_layout", "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bshd_sbhd_sbhd", "thd_thd_thd"),
-        "attn_bias_type": plain_values("attn_bias_type", "no_bias", "post_scale_bias", "alibi"),
-        "attn_mask_type": plain_values("attn_mask_type", "causal", "no_mask", "causal_bottom_right", "padding_causal"),
-        "softmax_type": plain_values("softmax_type", "vanilla", "off_by_one", "learnable"),
-        "window_size": plain_values("window_size", (-1, -1), (8, 0), (4, 4)),
-        "bottom_right_diagonal": plain_values("bottom_right_diagonal", None, True, False),
+        **_shared_options(cu),
         "rng_gen": plain_values("rng_gen", None, torch.Generator()),
         "softmax_offset": tensor_values("softmax_offset", torch.zeros(1, H, 1, 1, dtype=F32), optional=True,
                                         misaligned=True),  # fmt: skip
@@ -223,17 +230,7 @@ def _f16_bwd_values() -> dict[str, list[tuple[str, Any]]]:
         "aux_ctx_tensors": aux,
         "fused_attention_backend": plain_values("fused_attention_backend", None, FusedAttnBackend.F16_arbitrary_seqlen,
                                                 FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8),  # fmt: skip
-        "cu_seqlens_q_padded": tensor_values("cu_seqlens_q_padded", cu, optional=True),
-        "cu_seqlens_kv_padded": tensor_values("cu_seqlens_kv_padded", cu, optional=True),
-        "attn_scale": plain_values("attn_scale", None, 0.125, 0.25),
-        "dropout": plain_values("dropout", 0.0, 0.1, 0.25),
-        "fast_zero_fill": plain_values("fast_zero_fill", True, False),
-        "qkv_layout": plain_values("qkv_layout", "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bshd_sbhd_sbhd", "thd_thd_thd"),
-        "attn_bias_type": plain_values("attn_bias_type", "no_bias", "post_scale_bias", "alibi"),
-        "attn_mask_type": plain_values("attn_mask_type", "causal", "no_mask", "causal_bottom_right", "padding_causal"),
-        "softmax_type": plain_values("softmax_type", "vanilla", "off_by_one", "learnable"),
-        "window_size": plain_values("window_size", (-1, -1), (8, 0), (4, 4)),
-        "bottom_right_diagonal": plain_values("bottom_right_diagonal", None, True, False),
+        **_shared_options(cu),
         "deterministic": plain_values("deterministic", False, True),
         "cuda_graph": plain_values("cuda_graph", False, True),
         "lengths": plain_values("lengths", None, BatchLengths(cu)),
