@@ -30,7 +30,7 @@ from .enums import (
     SoftmaxType,
 )
 from .decode import fused_attn_decode
-from .errors import CaptureMissError, GraphBuildError, TeCudnnError, UnsupportedConfigError
+from .errors import CaptureMissError, GraphBuildError, MisalignedError, TeCudnnError, UnsupportedConfigError
 from .layouts import get_qkv_layout
 from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
 from .plans import plan_cache
@@ -47,6 +47,6 @@ __all__ = [
     "QKVLayout", "QKVFormat", "AttnMaskType", "AttnBiasType", "SoftmaxType", "FusedAttnBackend",
     "Fp8FwdIdx", "Fp8BwdIdx", "META_QKV", "META_O", "META_S", "META_DQKV", "META_DO", "META_DP",
     "BACKEND_F16arb_ELTS_PER_THREADS", "BACKEND_FP8_THREADS_PER_CTA",
-    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CaptureMissError", "BatchLengths", "reuse_lengths",
+    "TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CaptureMissError", "MisalignedError", "BatchLengths", "reuse_lengths",
     "__version__",
 ]  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from . import torch_ops
 from .enums import FusedAttnBackend
 from .ops import fused_attn_bwd, fused_attn_fwd
+from .lean import wants_grad
 from .varlen import BatchLengths
 from .torch_ops import _is_compiling, use_custom_ops
 
@@ -259,10 +260,23 @@ def fused_attention(
 
 def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training, rng_gen,
            opts: AttnOptions, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, softmax_offset=None,
-           lengths=None) -> torch.Tensor:  # fmt: skip
+           lengths=None, _prepared: Optional[list] = None) -> torch.Tensor:  # fmt: skip
     """The one dispatch point of the differentiable F16 attention (``fused_attention``, the
-    module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph,
-    :class:`FusedAttnFunc` over the plans in eager mode."""
+    module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph; in
+    eager mode :class:`FusedAttnFunc` over the plans when autograd records the call, else
+    ``fused_attn_fwd`` itself (no autograd node to build; ``_prepared`` receives its prepared
+    call, see te_cudnn.lean)."""
+    if not use_custom_ops() and not wants_grad(q, k, v, attn_bias, softmax_offset):
+        o = opts
+        out, _ = fused_attn_fwd(
+            is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype,
+            o.fused_attention_backend, attn_bias=attn_bias, attn_scale=o.attn_scale, dropout=o.dropout,
+            qkv_layout=o.qkv_layout, attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type,
+            softmax_type=o.softmax_type, window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal,
+            rng_gen=rng_gen, softmax_offset=softmax_offset, lengths=lengths, cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, _prepared=_prepared,
+        )  # fmt: skip
+        return out
     if use_custom_ops():
         if rng_gen is not None and _is_compiling():
             raise TypeError("rng_gen is not supported under torch.compile (dropout draws from the default CUDA "

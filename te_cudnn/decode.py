@@ -43,6 +43,7 @@ from .errors import CaptureMissError
 from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
+from .launch import kept
 from .ops import _Prepared, _dependent_caches, _meta, _prepare_fwd, fwd_call_args
 from .memo import SigMemo
 from .row_fill import fills_out
@@ -292,7 +293,8 @@ def _prepare(sig, q, k, v, cache_seqlens, page_table, attn_scale, window_size, o
         raise AssertionError(f"decode binds {order} but the {prep.backend.name} forward graph takes "
                              f"{prep.backend.operand_uids(cfg, Direction.FWD)}")  # fmt: skip
     dec = _Decode(
-        prep=prep, b=b, q_lens=torch.full((b, 1, 1, 1), sq, dtype=torch.int32, device=q.device), lens_shape=(b, 1, 1, 1),
+        prep=prep, b=b, q_lens=kept(lambda: torch.full((b, 1, 1, 1), sq, dtype=torch.int32, device=q.device), q.device),
+        lens_shape=(b, 1, 1, 1),
         pages_shape=(b, 1, page_table.shape[1], 1) if paged else None, out_like_q=prep.out_like_q,
         masked=mask != "padding", fill=True,
     )  # fmt: skip

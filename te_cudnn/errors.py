@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CudnnUnavailableError", "CaptureMissError"]
+__all__ = ["TeCudnnError", "UnsupportedConfigError", "GraphBuildError", "CudnnUnavailableError", "CaptureMissError",
+           "MisalignedError"]
 
 
 class TeCudnnError(Exception):
@@ -72,3 +73,7 @@ class CaptureMissError(TeCudnnError, RuntimeError):
             "options before capturing (torch.cuda.make_graphed_callables' warm-up does this), so the plan is "
             "built and the call signature is known when the capture starts."
         )
+
+
+class MisalignedError(TeCudnnError, ValueError):
+    """An operand does not start on the 16-byte boundary cuDNN reads from (a ValueError naming it)."""

@@ -28,6 +28,7 @@ what was bound, before anything runs. Off, each costs one test of a module flag.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import os
@@ -35,11 +36,12 @@ import sys
 import threading
 import weakref
 from array import array
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
 from .backends.base import Uid
+from .errors import MisalignedError
 from .plans.handles import current_raw_stream, handle_for, release_thread_handles
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ __all__ = [
     "launch", "execute", "is_capturing", "capture_id", "release_workspaces", "misaligned", "check_aligned",
     "seed_offset", "current_raw_stream", "current_device", "data_ptr", "FWD_NAMES", "BWD_NAMES",
     "check_operands", "checking_operands", "DeclaredOperand", "declared_operands", "declared_in_graph",
-    "operand_mismatches", "check_bound", "check_pointers", "operand_checks",
+    "operand_mismatches", "check_bound", "check_pointers", "operand_checks", "kept",
 ]  # fmt: skip
 
 #: The names of the leading operands whose 16-byte alignment a launch checks (error messages).
@@ -70,7 +72,8 @@ except AttributeError:  # pragma: no cover - CPU-only torch builds
 def misaligned(**tensors: Optional[torch.Tensor]) -> None:
     """Raise the ValueError for operands cuDNN cannot read (not 16-byte aligned), naming them."""
     bad = [f"{n} (data_ptr % 16 = {t.data_ptr() % 16})" for n, t in tensors.items() if t is not None and t.data_ptr() % 16]
-    raise ValueError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on a 16-byte boundary")
+    raise MisalignedError(f"cuDNN needs 16-byte aligned tensors; misaligned: {', '.join(bad)}. Pass tensors that start on "
+                          "a 16-byte boundary")  # fmt: skip
 
 
 def check_aligned(names: tuple, buffers: list) -> None:
@@ -130,6 +133,49 @@ def capture_id(index: int) -> Optional[int]:
     return ident.value
 
 
+# ------------------------------------------------------------------------ kept allocations
+
+_keeper: list = []  # the one worker thread that makes kept tensors (started on first use)
+_keeper_lock = threading.Lock()
+
+
+def _keeper_pool() -> concurrent.futures.ThreadPoolExecutor:
+    with _keeper_lock:
+        if not _keeper:
+            _keeper.append(concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="te_cudnn-kept"))
+        return _keeper[0]
+
+
+def _make_on(make: Callable[[], Any], index: int, stream: Optional[torch.cuda.Stream]) -> Any:
+    if stream is None:
+        return make()
+    with torch.cuda.device(index), torch.cuda.stream(stream):
+        return make()
+
+
+def kept(make: Callable[[], Any], device: Optional[torch.device] = None) -> Any:
+    """``make()``, for device tensors te_cudnn keeps across calls (workspaces, result templates,
+    constant operands), made so that they never come from a CUDA-graph memory pool.
+
+    torch.compile's CUDA-graph trees (``mode="reduce-overhead"``) warm a compiled region up by
+    routing every allocation of the calling thread to the graph's private pool, then report any
+    block of that pool that outlives the call without being one of its outputs. A tensor
+    te_cudnn keeps would be such a block. Routing is per thread, so ``make`` runs on one worker
+    thread of te_cudnn's, on the caller's device and current stream (its kernels stay ordered
+    with the caller's work, and the allocator ties the memory to that stream, as if the caller
+    had allocated it). During a capture it runs in the caller's thread: CUDA forbids another
+    thread to allocate while a global-mode capture is under way (these calls are then part of
+    that capture, which is te_cudnn's rule for captures anyway). Costs a thread hand-off, once
+    per kept tensor."""
+    index = -1 if device is None or device.type != "cuda" else (device.index if device.index is not None
+                                                                 else torch.cuda.current_device())  # fmt: skip
+    if index < 0 or threading.current_thread().name.startswith("te_cudnn-kept") or (
+            current_raw_stream(index) and is_capturing()):  # fmt: skip
+        return make()
+    stream = torch.cuda.current_stream(index)
+    return _keeper_pool().submit(_make_on, make, index, stream).result()
+
+
 # ------------------------------------------------------------------------------ workspaces
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
@@ -145,7 +191,7 @@ def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     if nbytes == 0:
         ws = _no_workspace.get(device.index)
         if ws is None:
-            ws = _no_workspace[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
+            ws = _no_workspace[device.index] = kept(lambda: torch.empty(16, dtype=torch.uint8, device=device), device)
         return ws
     stream = current_raw_stream(device.index)
     if stream and is_capturing():
@@ -157,7 +203,7 @@ def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
         # the larger buffer, not both (calls alternating between plans of growing workspace)
         ws = _workspaces.pop(slot, None)
         ws = None
-        ws = _workspaces[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+        ws = _workspaces[slot] = kept(lambda: torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device), device)
     return ws
 
 

@@ -185,7 +185,8 @@ def alloc_qkv_grads(
     layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zero: bool = False,
     dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv in the layout's own format: views of one packed buffer where it packs.
+    """dq, dk, dv in the layout's own format: views of one packed buffer where it packs; separate
+    4-d tensors get gradients in their own strides when dense (contiguous otherwise).
     ``zero=True`` zero-fills them (variable-length batches leave padding positions zero);
     ``dtype`` overrides the inputs' dtype (FP8 gradients in E5M2)."""
     g = _INFOS[layout].group
@@ -196,14 +197,24 @@ def alloc_qkv_grads(
     if g == QKVLayoutGroup.L_H3D:
         buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q, **kw)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
-    dq = _empty(q.shape, q, **kw)
+    dq = _grad_like(q, **kw)
     if g == QKVLayoutGroup.L_HD_2HD:
         dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k, **kw), g)
     elif g == QKVLayoutGroup.L_HD_H2D:
         dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k, **kw), g)
     else:
-        dk, dv = _empty(k.shape, k, **kw), _empty(v.shape, v, **kw)
+        dk, dv = _grad_like(k, **kw), _grad_like(v, **kw)
     return dq, dk, dv
+
+
+def _grad_like(t: torch.Tensor, zero: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The gradient of a separate 4-d tensor in its own strides when it is dense (``empty_like``'s
+    rule, as torch's SDPA backends do): autograd then accumulates it into ``.grad`` with a
+    vectorised add instead of a strided copy. THD tensors (3-d) keep the packed token-major
+    strides their ragged offsets assume."""
+    if t.dim() != 4:
+        return _empty(t.shape, t, dtype, zero)
+    return (torch.zeros_like if zero else torch.empty_like)(t, dtype=dtype or t.dtype)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -62,6 +62,7 @@ from .launch import checking_operands as _checking_operands
 from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
+from .launch import kept as _kept
 from .launch import launch as _launch
 from .launch import misaligned as _misaligned
 from .launch import release_workspaces
@@ -121,7 +122,7 @@ class _Prepared:
     fp8: bool = False
     softmax_aux: bool = False  # F16_max512_seqlen: aux[0] is the full softmax S, not fp32 stats
     plain: bool = False  # dense F16, no bias, FP8, paging, sink: the shortest hot path (dropout allowed)
-    grad_templates: Optional[tuple] = None  # backward, separate q/k/v layouts: dq, dk, dv templates
+    grads_like_inputs: bool = False  # backward, separate 4-d q/k/v: dq, dk, dv as empty_like(q, k, v)
     zero_rng: Optional[torch.Tensor] = None  # the device's shared all-zero rng_state
     zero_sink: Optional[torch.Tensor] = None  # off_by_one without softmax_offset: zeros [1, h, 1, 1]
     sink_index: int = 2  # backward: where aux_ctx_tensors holds softmax_offset
@@ -233,8 +234,8 @@ def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) ->
     contiguous one when small (never read: only its shape, strides, dtype and device matter),
     else a 1-element tensor expanded to ``shape`` (non-dense inputs get contiguous results)."""
     if math.prod(shape) * dtype.itemsize <= _DENSE_TEMPLATE_BYTES:
-        return torch.empty(tuple(shape), dtype=dtype, device=device)
-    return torch.empty(1, dtype=dtype, device=device).expand(*shape)
+        return _kept(lambda: torch.empty(tuple(shape), dtype=dtype, device=device), device)
+    return _kept(lambda: torch.empty(1, dtype=dtype, device=device), device).expand(*shape)
 
 
 def _coerce_backend(value: Any) -> Optional[FusedAttnBackend]:
@@ -350,7 +351,7 @@ def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Ten
     if prep.rng_increment == 0:  # no dropout: a shared all-zero state, never written
         state = _zero_rng.get(device)
         if state is None:
-            state = _zero_rng[device] = torch.zeros(2, dtype=torch.int64, device=prep.device)
+            state = _zero_rng[device] = _kept(lambda: torch.zeros(2, dtype=torch.int64, device=prep.device), prep.device)
         return state
     gen = rng_gen if rng_gen is not None else torch.cuda.default_generators[device]
     if _is_capturing():
@@ -456,9 +457,8 @@ def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         plan = prep.get_plan()
     plan.hits += 1
     plan.last_used = next_tick()
-    t = prep.grad_templates
-    if t is not None:  # separate q, k, v: three contiguous results (see _template)
-        dq, dk, dv = _empty_like(t[0]), _empty_like(t[1]), _empty_like(t[2])
+    if prep.grads_like_inputs:  # separate q, k, v: in their own strides when dense (layouts.alloc_qkv_grads)
+        dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     else:
         dq, dk, dv = alloc_qkv_grads(prep.cfg.layout, q, k, v)
     dropout = prep.cfg.has_dropout
@@ -911,7 +911,7 @@ def _prepare_fwd(sig: tuple, a: FwdArgs) -> _Prepared:
                       or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit
                       or prep.full_lens is not None or _checking_operands())  # fmt: skip
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
-        prep.zero_sink = torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device)
+        prep.zero_sink = _kept(lambda: torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device), prep.device)
     if cfg.bias_copy:
         _log.debug("attn_bias %s stride %s (data_ptr %% 16 = %d) cannot be read by cuDNN in place: each call copies it "
                    "into an aligned buffer with strides %s", list(cfg.bias_shape), tuple(a.attn_bias.stride()),
@@ -1203,7 +1203,7 @@ def _full_lens(cfg: AttnConfig, prep: _Prepared) -> Optional[list]:
     """The max512 graphs always carry the length mask of TE's pattern; they get sq and skv."""
     if not prep.softmax_aux:
         return None
-    return [torch.full((cfg.b, 1, 1, 1), n, dtype=torch.int32, device=prep.device) for n in (cfg.sq, cfg.skv)]
+    return full_lengths(cfg, prep.device)
 
 
 def _max512_bwd(prep: _Prepared, q, k, v, d_o, dq, dk, dv, aux) -> list[Optional[torch.Tensor]]:
@@ -1299,9 +1299,7 @@ def _prepare_bwd(sig: tuple, a: BwdArgs) -> _Prepared:
     prep.sink_index = 2 + (cfg.bias_type == AttnBiasType.post_scale_bias)  # aux: [stats, rng, (bias), (offset)]
     prep.plain = not (prep.fp8 or prep.varlen or prep.softmax_aux or cfg.has_sink or cfg.bias_type != AttnBiasType.no_bias
                       or prep.full_lens is not None or _checking_operands())  # fmt: skip
-    if prep.plain and layout_info(cfg.layout).group == QKVLayoutGroup.L_HD_HD_HD:
-        q, k, v = a.q, a.k, a.v
-        prep.grad_templates = tuple(_template(t.shape, t.dtype, prep.device) for t in (q, k, v))
+    prep.grads_like_inputs = prep.plain and layout_info(cfg.layout).group == QKVLayoutGroup.L_HD_HD_HD and a.q.dim() == 4
     _log_plan_outcome(prep.key)  # DEBUG: a hit, or built / loaded at the first launch (then INFO)
     _remember(_bwd_memo, sig, prep)
     return prep

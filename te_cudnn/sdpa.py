@@ -15,8 +15,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .autograd import fused_attention
-from .errors import UnsupportedConfigError
+from .autograd import AttnOptions, attend
+from .errors import MisalignedError, UnsupportedConfigError
+from .lean import LeanDoor, policy_token, wants_grad
 
 __all__ = ["scaled_dot_product_attention", "mask_to_bias", "masked_value"]
 
@@ -103,15 +104,19 @@ def _check_qkv(query: Any, key: Any, value: Any, enable_gqa: Any) -> None:
         )
     if enable_gqa and (hk == 0 or hv == 0 or h % hk or h % hv):
         raise ValueError(f"enable_gqa=True needs key's and value's heads ({hk}, {hv}) to divide query's {h} heads")
-    summary = f"query {_describe(query)}, key {_describe(key)}, value {_describe(value)}"
     if query.dtype not in _F16:
         raise _unsupported(
-            summary,
+            _summary(query, key, value),
             f"cuDNN fused attention takes float16 or bfloat16 inputs, got {_dtype_name(query.dtype)} (cast with "
             ".to(torch.bfloat16), use te_cudnn.fp8_attention for FP8, or torch's SDPA for float32)",
         )
     if hk != hv:
-        raise _unsupported(summary, f"key ({hk} heads) and value ({hv} heads) must have the same number of heads")
+        raise _unsupported(_summary(query, key, value),
+                           f"key ({hk} heads) and value ({hv} heads) must have the same number of heads")
+
+
+def _summary(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str:
+    return f"query {_describe(query)}, key {_describe(key)}, value {_describe(value)}"
 
 
 def _check_options(attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any) -> tuple[float, bool, Optional[float]]:
@@ -252,6 +257,24 @@ def _bshd(t: torch.Tensor, name: str) -> torch.Tensor:
     return view.contiguous()
 
 
+#: (causal, scale, dropout, bias, window, softmax type) -> the options of the bshd call
+_OPTIONS: dict[tuple, AttnOptions] = {}
+
+
+def _options(causal: bool, scale: Optional[float], dropout_p: float, bias: bool, window: Optional[tuple[int, int]],
+             softmax_type: str) -> AttnOptions:  # fmt: skip
+    key = (causal, scale, dropout_p, bias, window, softmax_type)
+    opts = _OPTIONS.get(key)
+    if opts is None:
+        opts = AttnOptions(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal" if causal else "no_mask",
+                           attn_bias_type="post_scale_bias" if bias else "no_bias", attn_scale=scale,
+                           dropout=dropout_p, window_size=(-1, -1) if window is None else window,
+                           softmax_type=softmax_type)  # fmt: skip
+        if len(_OPTIONS) < 1024 and not _compiling():
+            _OPTIONS[key] = opts
+    return opts
+
+
 def _attention_bshd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -263,22 +286,30 @@ def _attention_bshd(
     scale: Optional[float],
     dropout_p: float,
     window_size: Optional[tuple[int, int]] = None,
+    sinks: Optional[torch.Tensor] = None,
+    prepared: Optional[list] = None,
 ) -> torch.Tensor:
     """Fused attention on ``[b, s, h, d]`` views; returns ``[b, s_q, h, d_v]``. Rows without any
-    allowed key (``row_has_key`` False, ``[1|b, 1|h, 1|L, 1]``) come back as zeros."""
-    is_training = dropout_p > 0.0 or (
-        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
-    )
-    options: dict[str, Any] = {"qkv_layout": "bshd_bshd_bshd", "attn_mask_type": "causal" if causal else "no_mask",
-                               "attn_scale": scale, "dropout": dropout_p}  # fmt: skip
-    if bias is not None:
-        options["attn_bias_type"] = "post_scale_bias"
-    if window_size is not None:
-        options["window_size"] = window_size
-    out = fused_attention(q, k, v, attn_bias=bias, is_training=is_training, **options)
+    allowed key (``row_has_key`` False, ``[1|b, 1|h, 1|L, 1]``) come back as zeros. ``sinks``:
+    learnable sink logits (fp32 ``[1, h, 1, 1]``). ``prepared`` receives the prepared forward of a
+    call autograd does not record (te_cudnn.lean)."""
+    is_training = dropout_p > 0.0 or wants_grad(q, k, v, bias, sinks)
+    opts = _options(causal, scale, dropout_p, bias is not None, window_size,
+                    "vanilla" if sinks is None else "learnable")  # fmt: skip
+    out = attend(q, k, v, bias, None, None, q.shape[1], k.shape[1], is_training, None, opts, softmax_offset=sinks,
+                 _prepared=prepared)  # fmt: skip
     if row_has_key is not None:
         out = torch.where(row_has_key.transpose(1, 2), out, 0.0)
     return out
+
+
+_LEAN = LeanDoor()
+
+
+def _lean_sig(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *options: Any) -> Optional[tuple]:
+    """The drop-in's signature of a call without mask or dropout (te_cudnn.lean)."""
+    return (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.dtype, key.dtype,
+            value.dtype, query.get_device(), key.get_device(), value.get_device(), policy_token(), *options)  # fmt: skip
 
 
 def scaled_dot_product_attention(
@@ -332,6 +363,18 @@ def scaled_dot_product_attention(
     :class:`te_cudnn.UnsupportedConfigError` with the reasons. Tensors off CUDA raise
     ``ValueError`` ("executes on CUDA devices").
     """
+    sig = None
+    if attn_mask is None and dropout_p == 0.0 and not _compiling():
+        try:
+            if not wants_grad(query, key, value):
+                sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa)
+                entry = _LEAN.find(sig)
+                if entry is not None:
+                    return LeanDoor.run(entry, query, key, value)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what is wrong
+            sig = None
+        except MisalignedError:  # a start off 16 bytes this time: the full path copies that tensor
+            sig = None
     _check_qkv(query, key, value, enable_gqa)
     dropout_p, is_causal, scale = _check_options(attn_mask, dropout_p, is_causal, scale)
     b, h, sq, _ = query.shape
@@ -340,8 +383,11 @@ def scaled_dot_product_attention(
         if isinstance(attn_mask, torch.Tensor) and attn_mask.device != query.device:
             raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {query.device}")
         bias, row_has_key = mask_to_bias(attn_mask, (b, h, sq, key.shape[2]), query.dtype)
+    prepared: list = []
     out = _attention_bshd(
         _bshd(query, "query"), _bshd(key, "key"), _bshd(value, "value"), bias=bias, row_has_key=row_has_key,
-        causal=is_causal, scale=scale, dropout_p=dropout_p,
-    )  # fmt: skip
-    return out.transpose(1, 2)
+        causal=is_causal, scale=scale, dropout_p=dropout_p, prepared=prepared,
+    ).transpose(1, 2)  # fmt: skip
+    if sig is not None and _readable(query) and _readable(key) and _readable(value):  # read in place: no copies
+        _LEAN.learn(sig, prepared, out)
+    return out

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from .config import AttnConfig
 from .enums import AttnMaskType, QKVLayoutGroup
+from .launch import kept
 from .layouts import layout_info
 
 __all__ = ["head_pad", "padded_head_dim", "pad_heads", "as_padding_mask", "full_lengths", "padded_fwd", "padded_bwd"]
@@ -105,4 +106,5 @@ def as_padding_mask(cfg: AttnConfig) -> Optional[AttnConfig]:
 def full_lengths(cfg: AttnConfig, device: torch.device) -> list[torch.Tensor]:
     """The constant per-sequence lengths of :func:`as_padding_mask`'s form: ``sq`` and ``skv``
     for each of the ``b`` sequences (int32 ``[b, 1, 1, 1]``)."""
-    return [torch.full((cfg.b, 1, 1, 1), n, dtype=torch.int32, device=device) for n in (cfg.sq, cfg.skv)]
+    return kept(lambda: [torch.full((cfg.b, 1, 1, 1), n, dtype=torch.int32, device=device) for n in (cfg.sq, cfg.skv)],
+                device)  # fmt: skip

@@ -38,6 +38,7 @@ from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
 from . import ops as _ops
 from .launch import is_capturing as _is_capturing
+from .launch import kept
 from .ops import _device_rng_state, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
 from .policy import token as _policy_token
 
@@ -195,7 +196,12 @@ def _grad_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: QKVL
         return q.new_empty(q.shape), k.new_empty((*k.shape[:-2], 2, *k.shape[-2:])), none
     if group == QKVLayoutGroup.L_HD_H2D:
         return q.new_empty(q.shape), k.new_empty((*k.shape[:-1], 2, k.shape[-1])), none
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return grads_like(q), grads_like(k), grads_like(v)
+
+
+def grads_like(t: torch.Tensor) -> torch.Tensor:
+    """A separate tensor's gradient as ``te_cudnn.layouts.alloc_qkv_grads`` allocates it."""
+    return torch.empty_like(t) if t.dim() == 4 else t.new_empty(t.shape)
 
 
 def unpack_grads(qkv_layout: str, g0: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor) -> tuple:
@@ -226,7 +232,7 @@ _zero_states: dict = {}
 def _zero_rng(device: torch.device) -> torch.Tensor:
     state = _zero_states.get(device)
     if state is None:
-        state = _zero_states[device] = torch.zeros(2, dtype=torch.int64, device=device)
+        state = _zero_states[device] = kept(lambda: torch.zeros(2, dtype=torch.int64, device=device), device)
     return state
 
 
@@ -237,7 +243,8 @@ def _zero_sink(device: torch.device, h: int) -> torch.Tensor:
     """off_by_one's sink logits (zeros) when the caller passes no softmax_offset."""
     sink = _zero_sinks.get((device, h))
     if sink is None:
-        sink = _zero_sinks[(device, h)] = torch.zeros((1, h, 1, 1), dtype=torch.float32, device=device)
+        sink = _zero_sinks[(device, h)] = kept(lambda: torch.zeros((1, h, 1, 1), dtype=torch.float32, device=device),
+                                               device)  # fmt: skip
     return sink
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 import torch
 
 from .config import AttnConfig, _check_cu_seqlens
-from .launch import capture_id, current_raw_stream, is_capturing
+from .launch import capture_id, current_raw_stream, is_capturing, kept
 from .ragged import every_key_lens
 from .row_fill import Lengths, fills_grads, fills_out, length_remap
 
@@ -249,8 +249,13 @@ def _extended(cu: torch.Tensor, batch: int) -> torch.Tensor:
     key = (n, batch, cu.device)
     idx = _extend_index.get(key)
     if idx is None:
-        idx = torch.arange(batch + 1, device=cu.device).clamp_(max=n - 1).view(batch + 1, 1, 1, 1)
-        if not is_capturing():  # never keep a tensor of a CUDA graph's private pool
+        def make() -> torch.Tensor:
+            return torch.arange(batch + 1, device=cu.device).clamp_(max=n - 1).view(batch + 1, 1, 1, 1)
+
+        if is_capturing():  # never keep a tensor of a CUDA graph's private pool
+            idx = make()
+        else:
+            idx = kept(make, cu.device)
             if len(_extend_index) >= _EXTEND_INDEX_LIMIT:
                 _extend_index.clear()
             _extend_index[key] = idx
@@ -303,7 +308,7 @@ def length_fields(prep: "_Prepared") -> None:
     cfg, backend = prep.cfg, prep.backend
     prep.lengths = length_remap(cfg, backend)
     if prep.lengths is Lengths.ONE_QUERY:
-        prep.one_query = torch.ones((cfg.b, 1, 1, 1), dtype=torch.int32, device=prep.device)
+        prep.one_query = kept(lambda: torch.ones((cfg.b, 1, 1, 1), dtype=torch.int32, device=prep.device), prep.device)
     prep.runtime_kind = (*runtime_kind(cfg), prep.lengths)
     prep.fill_out = fills_out(cfg, backend)
     prep.fill_grads = fills_grads(cfg, backend)
@@ -312,11 +317,16 @@ def length_fields(prep: "_Prepared") -> None:
 def mult_fields(cfg: AttnConfig, device: torch.device) -> dict[str, Optional[torch.Tensor]]:
     """Elements per token of each THD tensor (its token stride), as device int64 vectors:
     q side [q, o, stats], kv side [k, v]."""
-    mq = mkv = None
-    if cfg.ragged_q:
-        mq = torch.tensor([cfg.q_stride[2], cfg.h * cfg.d_v, cfg.h], dtype=torch.int64, device=device)
-    if cfg.ragged_kv:
-        mkv = torch.tensor([cfg.k_stride[2], cfg.v_stride[2]], dtype=torch.int64, device=device)
-    mall = torch.cat((mq, mkv)) if mq is not None and mkv is not None else None
-    return {"mult_q": mq, "mult_kv": mkv, "mult_all": mall}
+    def make() -> dict[str, Optional[torch.Tensor]]:
+        mq = mkv = None
+        if cfg.ragged_q:
+            mq = torch.tensor([cfg.q_stride[2], cfg.h * cfg.d_v, cfg.h], dtype=torch.int64, device=device)
+        if cfg.ragged_kv:
+            mkv = torch.tensor([cfg.k_stride[2], cfg.v_stride[2]], dtype=torch.int64, device=device)
+        mall = torch.cat((mq, mkv)) if mq is not None and mkv is not None else None
+        return {"mult_q": mq, "mult_kv": mkv, "mult_all": mall}
+
+    if not (cfg.ragged_q or cfg.ragged_kv):
+        return {"mult_q": None, "mult_kv": None, "mult_all": None}
+    return kept(make, device)
 

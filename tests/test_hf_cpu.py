@@ -4,7 +4,7 @@ Registration through transformers' public interfaces, model selection (``from_co
 ``set_attn_implementation``), that masks reach te_cudnn (the mask interface is registered
 too), and the argument handling of ``attention_forward``. te_cudnn executes on CUDA only, so a
 CPU forward ends in te_cudnn's "executes on CUDA devices" error raised from our attention
-function: that proves the routing. ``te_cudnn.sdpa.fused_attention`` is replaced by a recorder
+function: that proves the routing. ``te_cudnn.sdpa.attend`` is replaced by a recorder
 in some tests only to inspect what reaches it (it computes nothing).
 """
 
@@ -51,16 +51,26 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, q, k, v, **kw):
+    def __call__(self, q, k, v, attn_bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, *_, **extra):
+        # what the door asked for, as fused_attention's keyword options (those that differ from
+        # the defaults, besides the ones every call sets)
+        kw = {"attn_bias": attn_bias, "is_training": is_training, "qkv_layout": opts.qkv_layout,
+              "attn_mask_type": opts.attn_mask_type, "attn_scale": opts.attn_scale, "dropout": opts.dropout}
+        if opts.attn_bias_type != "no_bias":
+            kw["attn_bias_type"] = opts.attn_bias_type
+        if opts.window_size != (-1, -1):
+            kw["window_size"] = opts.window_size
+        if opts.softmax_type != "vanilla":
+            kw["softmax_type"], kw["softmax_offset"] = opts.softmax_type, extra.get("softmax_offset")
         self.calls.append(((q, k, v), kw))
         b, s, h, _ = q.shape
-        return torch.ones((b, s, h, v.shape[-1]), dtype=q.dtype)
+        return torch.full((b, s, h, v.shape[-1]), 1.0, dtype=q.dtype)
 
 
 @pytest.fixture
 def recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(sdpa_mod, "fused_attention", rec)
+    monkeypatch.setattr(sdpa_mod, "attend", rec)
     return rec
 
 

@@ -306,7 +306,7 @@ class Spy:
         self.calls: list = []
 
     def __call__(self, q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, cu_qp=None,
-                 cu_kvp=None, softmax_offset=None):  # fmt: skip
+                 cu_kvp=None, softmax_offset=None, _prepared=None):  # fmt: skip
         self.calls.append(dict(q=q, k=k, v=v, bias=bias, cu_q=cu_q, cu_kv=cu_kv, max_q=max_q, max_kv=max_kv,
                                is_training=is_training, rng_gen=rng_gen, opts=opts, cu_qp=cu_qp,
                                cu_kvp=cu_kvp, softmax_offset=softmax_offset))  # fmt: skip

@@ -4,7 +4,7 @@
 * the mask -> post-scale bias conversion (``te_cudnn.sdpa.mask_to_bias``) as a unit: attention
   computed in fp32 with the bias matches torch's SDPA (math backend, CPU) for boolean and float
   masks of every broadcast shape, fully masked rows included (zeroed, as torch does);
-* what reaches ``fused_attention``: ``te_cudnn.sdpa.fused_attention`` is replaced by a recorder
+* what reaches ``fused_attention``: ``te_cudnn.sdpa.attend`` is replaced by a recorder
   that only inspects its arguments (data pointers, strides, options) and returns an
   uninitialized result of the right shape; it computes nothing and stands in for no cuDNN result.
 """
@@ -39,13 +39,23 @@ def _qkv(b=2, h=4, hk=None, sq=5, skv=7, d=64, dv=None, dtype=BF16, bshd=False):
 
 
 class Recorder:
-    """Stands in for fused_attention to inspect what it is handed (never computes attention)."""
+    """Stands in for te_cudnn.autograd.attend to inspect what it is handed (never computes attention)."""
 
     def __init__(self, fill: float = 1.0):
         self.calls: list[tuple[tuple, dict]] = []
         self.fill = fill
 
-    def __call__(self, q, k, v, **kw):
+    def __call__(self, q, k, v, attn_bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, *_, **extra):
+        # what the door asked for, as fused_attention's keyword options (those that differ from
+        # the defaults, besides the ones every call sets)
+        kw = {"attn_bias": attn_bias, "is_training": is_training, "qkv_layout": opts.qkv_layout,
+              "attn_mask_type": opts.attn_mask_type, "attn_scale": opts.attn_scale, "dropout": opts.dropout}
+        if opts.attn_bias_type != "no_bias":
+            kw["attn_bias_type"] = opts.attn_bias_type
+        if opts.window_size != (-1, -1):
+            kw["window_size"] = opts.window_size
+        if opts.softmax_type != "vanilla":
+            kw["softmax_type"], kw["softmax_offset"] = opts.softmax_type, extra.get("softmax_offset")
         self.calls.append(((q, k, v), kw))
         b, s, h, _ = q.shape
         return torch.full((b, s, h, v.shape[-1]), self.fill, dtype=q.dtype)
@@ -58,7 +68,7 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(sdpa_mod, "fused_attention", rec)
+    monkeypatch.setattr(sdpa_mod, "attend", rec)
     return rec
 
 

@@ -1,0 +1,86 @@
+"""The front doors' cached inference forward.
+
+The module, the SDPA drop-in and the Hugging Face attention function validate, translate and
+select on the first call of a signature (their inputs' shapes, strides, dtypes and devices and
+the options that change the plan). A later call of that signature that wants no gradient and
+runs no dropout needs none of it again: it allocates the output in the door's own geometry
+(the drop-in's ``[b, h, s, d]`` view of ``[b, s, h, d]`` memory, the module's flattened heads)
+and launches the prepared plain forward, reading the inputs' pointers where they are. Every
+check that guards the answer stays: the signature equals a validated one, and the launch
+checks the pointers' 16-byte alignment (te_cudnn.ops.plain_fwd).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable, Optional
+
+import torch
+
+from .launch import is_capturing, kept
+from .memo import TEMPLATE_BYTES, SigMemo
+from .ops import _dependent_caches, plain_fwd
+from .policy import token as policy_token
+
+__all__ = ["LeanDoor", "wants_grad", "policy_token"]
+
+_empty_like = torch.empty_like
+_empty_strided = torch.empty_strided
+_grad_enabled = torch.is_grad_enabled
+
+
+def wants_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd would record this call: grad mode is on and an input requires grad
+    (False for arguments that are not tensors: the validation that follows names them)."""
+    if not _grad_enabled():
+        return False
+    try:
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    except AttributeError:
+        return False
+    return False
+
+
+class LeanDoor:
+    """One front door's signatures -> (prepared plain forward, output template), bounded and
+    least recently used like te_cudnn's own memos, and forgotten with them."""
+
+    __slots__ = ("memo",)
+
+    def __init__(self) -> None:
+        self.memo = SigMemo()
+        _dependent_caches.append(self.memo)
+
+    def find(self, sig: Hashable) -> Any:
+        """The entry of ``sig`` (pass it to :meth:`run`), or None."""
+        return self.memo.find(sig)
+
+    def learn(self, sig: Optional[Hashable], prepared: list, out: torch.Tensor) -> None:
+        """Remember the call that just ran under ``sig``: its prepared forward (the one entry of
+        ``prepared``, te_cudnn.ops' ``_prepared`` list) and ``out``, the tensor the door returned,
+        whose shape and strides later calls get. Only plain forwards without dropout are kept
+        (those need nothing per call but the pointers)."""
+        if sig is None or len(prepared) != 1:
+            return
+        prep = prepared[0]
+        if not prep.plain or prep.rng_increment or is_capturing():
+            return
+        if math.prod(out.shape) * out.element_size() <= TEMPLATE_BYTES:  # a small real tensor: empty_like is cheapest
+            template: Any = kept(lambda: _empty_like(out), out.device)
+        else:
+            template = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device)
+        self.memo.remember(sig, (prep, template))
+
+    @staticmethod
+    def run(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The remembered call again on new tensors of its signature."""
+        prep, template = entry
+        if template.__class__ is tuple:
+            shape, stride, dtype, device = template
+            out = _empty_strided(shape, stride, dtype=dtype, device=device)
+        else:
+            out = _empty_like(template)
+        plain_fwd(prep, q, k, v, out)
+        return out
