@@ -188,6 +188,22 @@ class DotProductAttention(torch.nn.Module):
         self._options: dict[tuple, AttnOptions] = {}
         self.set_context_parallel_group(cp_group, cp_comm_type=cp_comm_type)
 
+    #: The attributes a call's result depends on besides its arguments (the cached path's key).
+    _STATE_ATTRS = frozenset(("training", "qkv_format", "attn_mask_type", "window_size", "softmax_scale",
+                              "attention_dropout", "deterministic", "softmax_type", "num_attention_heads",
+                              "num_gqa_groups", "attention_type"))  # fmt: skip
+
+    def _state(self) -> tuple:
+        state = (self.training, self.qkv_format, self.attn_mask_type, self.window_size, self.softmax_scale,
+                 self.attention_dropout, self.deterministic, self.softmax_type, self.attention_type)  # fmt: skip
+        self.__dict__["_lean_state"] = state
+        return state
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in DotProductAttention._STATE_ATTRS:  # .train(), .eval() and user edits: the key is read afresh
+            self.__dict__.pop("_lean_state", None)
+        super().__setattr__(name, value)
+
     def set_context_parallel_group(self, cp_group: Any, cp_global_ranks: Any = None, cp_stream: Any = None,
                                    cp_comm_type: str = "p2p") -> None:  # fmt: skip
         """Split attention's sequence over ``cp_group`` (TransformerEngine's method and argument
@@ -290,10 +306,9 @@ class DotProductAttention(torch.nn.Module):
             try:
                 if not wants_grad(query_layer, key_layer, value_layer):
                     q, k, v = query_layer, key_layer, value_layer
+                    state = self.__dict__.get("_lean_state") or self._state()
                     sig = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                           q.get_device(), k.get_device(), v.get_device(), policy_token(), self.training,
-                           self.qkv_format, self.attn_mask_type, self.window_size, self.softmax_scale,
-                           self.attention_dropout, self.deterministic, self.softmax_type)  # fmt: skip
+                           q.get_device(), k.get_device(), v.get_device(), policy_token(), state)  # fmt: skip
                     entry = _LEAN.find(sig)
                     if entry is not None:
                         return LeanDoor.run(entry, q, k, v)

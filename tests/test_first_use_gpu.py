@@ -47,9 +47,7 @@ def test_readme_gpu_snippet_runs() -> None:
     exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own code
     b, s, h, d = ns["b"], ns["s"], ns["h"], ns["d"]
     assert ns["out"].shape == (b, s, h, d) and ns["dq"].shape == (b, s, h, d)
-    assert ns["y"].shape == (b, s, h, d)
-    assert ns["q"].grad is not None and ns["q"].grad.shape == (b, s, h, d)
-    assert torch.isfinite(ns["q"].grad.float()).all()
+    assert all(torch.isfinite(ns[n].float()).all() for n in ("out", "dq", "dk", "dv"))
 
 
 def test_warm_builds_the_example_configurations(tmp_path: Path) -> None:

@@ -267,12 +267,30 @@ def test_position_bias_is_added_to_the_mask(recorder):
     assert kw["attn_mask_type"] == "no_mask" and torch.equal(kw["attn_bias"][0, :, 0, 1:], torch.full((4, 3), sdpa_mod.masked_value(BF16), dtype=BF16))
 
 
-@pytest.mark.parametrize("name", ["s_aux", "softcap", "head_mask", "cache"])
-def test_unsupported_kwargs_raise(recorder, name):
+@pytest.mark.parametrize("name,alternative", [("softcap", "eager"), ("head_mask", "eager"), ("cache", "sdpa")])
+def test_unsupported_kwargs_raise_naming_the_alternative(recorder, name, alternative):
     q, k, v = _qkv()
     with pytest.raises(UnsupportedConfigError, match=name) as info:
         te_hf.attention_forward(Module(), q, k, v, None, **{name: torch.zeros(4) if name != "softcap" else 30.0})
     assert isinstance(info.value, NotImplementedError) and not recorder.calls
+    assert f"attn_implementation='{alternative}'" in str(info.value)
+
+
+@pytest.mark.parametrize("sq", [5, 1])
+def test_s_aux_runs_as_learnable_sinks(recorder, sq):
+    """gpt-oss' sinks: one logit per head in the model's dtype, passed on as fp32 [1, h, 1, 1];
+    a single query row (decode) runs twice over, since cuDNN takes no sink with one row."""
+    q, k, v = _qkv()
+    q = q[:, :, :sq]
+    s_aux = torch.randn(q.shape[1], dtype=BF16, requires_grad=True)
+    out, _ = te_hf.attention_forward(Module(), q, k, v, None, s_aux=s_aux)
+    kw = recorder.calls[-1][1]
+    assert kw["softmax_type"] == "learnable" and kw["softmax_offset"].dtype == torch.float32
+    assert tuple(kw["softmax_offset"].shape) == (1, q.shape[1], 1, 1)
+    assert torch.equal(kw["softmax_offset"].view(-1), s_aux.float())
+    assert recorder.calls[-1][0][0].shape[1] == max(sq, 2) and out.shape[1] == sq
+    with pytest.raises(ValueError, match="one sink logit per query head"):
+        te_hf.attention_forward(Module(), q, k, v, None, s_aux=torch.zeros(3))
 
 
 def test_ignored_kwargs_are_accepted(recorder):

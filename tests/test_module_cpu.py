@@ -542,3 +542,14 @@ def test_softmax_type_reaches_the_core(monkeypatch, softmax_type):
         m.to(torch.bfloat16)
         m(q, q, q)
         assert spy.last["softmax_offset"].dtype == torch.float32
+
+
+def test_cached_path_key_follows_the_modules_attributes():
+    """The cached inference path keys on the module's state; .eval() and edits refresh it."""
+    m = te_cudnn.DotProductAttention(8, 64, qkv_format="bshd")
+    first = m._state()
+    assert first[0] is True and m.__dict__["_lean_state"] == first
+    m.eval()
+    assert "_lean_state" not in m.__dict__ and m._state()[0] is False
+    m.softmax_scale = 0.5
+    assert "_lean_state" not in m.__dict__ and 0.5 in m._state()

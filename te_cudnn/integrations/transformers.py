@@ -25,9 +25,11 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import UnsupportedConfigError
+from ..errors import MisalignedError, UnsupportedConfigError
+from ..lean import LeanDoor, wants_grad
 from ..sdpa import (
     _attention_bshd,
+    _lean_sig,
     _bshd,
     _capturing,
     _check_options,
@@ -46,12 +48,14 @@ DEFAULT_NAME = "te_cudnn"
 _WHO = "te_cudnn (transformers attention)"
 _CACHE_ATTR = "_te_cudnn_bias"  # the bias of a boolean mask, kept on the mask for the model's other layers
 
-#: kwargs transformers may pass that change the result and that te_cudnn does not implement
+#: kwargs transformers may pass that change the result and that cuDNN's fused attention does not
+#: implement, with the implementation that serves them
 _UNSUPPORTED = {
-    "s_aux": "attention sinks (s_aux, e.g. gpt-oss) are not supported yet",
-    "softcap": "logit soft-capping (softcap, e.g. Gemma 2) is not supported",
-    "head_mask": "head_mask is not supported",
-    "cache": "paged attention caches (continuous batching) are not supported yet",
+    "softcap": "logit soft-capping (softcap, e.g. Gemma 2) is not part of cuDNN's fused attention; use "
+               "attn_implementation='eager'",
+    "head_mask": "head_mask is not part of cuDNN's fused attention; use attn_implementation='eager'",
+    "cache": "paged attention caches (continuous batching) are not supported; use attn_implementation='sdpa' "
+             "for continuous batching",
 }
 _warned: set[str] = set()
 
@@ -142,22 +146,23 @@ def attention_forward(
     ``sliding_window`` is in the mask (transformers builds one whenever the window matters) and
     is applied natively when no mask came; ``position_ids``, ``cache_position``, flash-attention
     varlen arguments and the like are already encoded in the mask and ignored;
-    ``output_attentions`` warns once (no weights are returned). ``s_aux`` (attention sinks),
-    ``softcap``, ``head_mask`` and paged caches raise :class:`te_cudnn.UnsupportedConfigError`.
+    ``output_attentions`` warns once (no weights are returned). ``s_aux`` (gpt-oss' attention
+    sinks, one logit per head) runs as learnable sinks (``softmax_type="learnable"``) and is
+    differentiable; ``softcap``, ``head_mask`` and paged caches raise
+    :class:`te_cudnn.UnsupportedConfigError` naming the implementation that serves them.
     Masks cost a bias tensor (see :func:`te_cudnn.scaled_dot_product_attention`), built once
     per forward for all layers.
     """
     for name, why in _UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             summary = f"attn_implementation te_cudnn on {type(module).__name__} with {name}"
-            raise UnsupportedConfigError(summary, {_WHO: [f"{why}; use attn_implementation='eager' or 'sdpa'"]})
+            raise UnsupportedConfigError(summary, {_WHO: [why]})
     if kwargs.get("output_attentions") and "output_attentions" not in _warned:
         _warned.add("output_attentions")
         _log.warning("te_cudnn attention does not return attention weights (output_attentions=True gives None)")
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__} "
                         "(register() pairs te_cudnn with transformers' sdpa_mask)")  # fmt: skip
-    _check_qkv(query, key, value, True)
     sq = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -168,17 +173,32 @@ def attention_forward(
         if position_bias is not None:
             position_bias = position_bias[..., :sq]
     skv = key.shape[2]
+    sliding_window = kwargs.get("sliding_window")
+    window = None
+    if attention_mask is None and is_causal and isinstance(sliding_window, int) and 0 < sliding_window < skv:
+        window = (sliding_window - 1, 0)  # transformers: key j is seen from query i when i - window < j <= i
+    s_aux = kwargs.get("s_aux")
+    training = getattr(module, "training", True)
+    sig = None
+    if attention_mask is None and position_bias is None and s_aux is None and not (training and dropout) \
+            and not _compiling():  # fmt: skip
+        try:
+            if not wants_grad(query, key, value):
+                sig = _lean_sig(query, key, value, is_causal, scaling, window)
+                entry = _LEAN.find(sig)
+                if entry is not None:
+                    return LeanDoor.run(entry, query, key, value), None
+        except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
+            sig = None
+    _check_qkv(query, key, value, True)
     if position_bias is not None:
         if attention_mask is not None and attention_mask.shape[-1] > skv:
             attention_mask = attention_mask[..., :skv]
         attention_mask = _position_bias_mask(position_bias, attention_mask, is_causal, sq, skv, query.dtype)
         is_causal = False
-    dropout_p = float(dropout) if getattr(module, "training", True) else 0.0
+    dropout_p = float(dropout) if training else 0.0
     dropout_p, is_causal, scale = _check_options(attention_mask, dropout_p, is_causal, scaling)
-    window = None
-    sliding_window = kwargs.get("sliding_window")
-    if attention_mask is None and is_causal and isinstance(sliding_window, int) and 0 < sliding_window < skv:
-        window = (sliding_window - 1, 0)  # transformers: key j is seen from query i when i - window < j <= i
+    sinks = None if s_aux is None else _sink_logits(s_aux, query.shape[1])
     bias = row_has_key = None
     if attention_mask is not None:
         if attention_mask.device != query.device:
@@ -188,8 +208,34 @@ def attention_forward(
             bias, row_has_key = _mask_bias(attention_mask, (b, h, sq, skv), query.dtype)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e} (attention_mask {_describe(attention_mask)}, query {_describe(query)})") from e
-    out = _attention_bshd(
-        _bshd(query, "query"), _bshd(key, "key"), _bshd(value, "value"), bias=bias, row_has_key=row_has_key,
-        causal=is_causal, scale=scale, dropout_p=dropout_p, window_size=window,
-    )  # fmt: skip
+    q, k, v = _bshd(query, "query"), _bshd(key, "key"), _bshd(value, "value")
+    one_row = sinks is not None and sq == 1
+    if one_row:  # cuDNN takes no sink with one query row: the row twice, the second answer dropped
+        q = q.expand(-1, 2, -1, -1).contiguous()
+        if bias is not None and bias.shape[2] == 1:  # cuDNN's bias has every query row (or is [1, 1, 1, skv])
+            bias = bias.expand(-1, -1, 2, -1).contiguous()
+        if row_has_key is not None and row_has_key.shape[2] == 1:
+            row_has_key = row_has_key.expand(-1, -1, 2, -1)
+    prepared: list = []
+    out = _attention_bshd(q, k, v, bias=bias, row_has_key=row_has_key, causal=is_causal, scale=scale,
+                          dropout_p=dropout_p, window_size=window, sinks=sinks, prepared=prepared)  # fmt: skip
+    if one_row:
+        return out[:, :1], None
+    if sig is not None and q.data_ptr() == query.data_ptr() and k.data_ptr() == key.data_ptr() \
+            and v.data_ptr() == value.data_ptr():  # read in place (no copies): later calls can go straight  # fmt: skip
+        _LEAN.learn(sig, prepared, out)
     return out, None
+
+
+_LEAN = LeanDoor()
+
+
+def _sink_logits(s_aux: Any, h: int) -> torch.Tensor:
+    """gpt-oss' per-head sink logits (``s_aux``, ``[h]`` in the model's dtype) as te_cudnn's
+    learnable ``softmax_offset`` (fp32 ``[1, h, 1, 1]``; the cast is differentiable, so the
+    sinks are trained). transformers' eager attention appends them as one more logit column of
+    the softmax and drops it afterwards: the same denominator ``exp(s_h) + Σ exp``."""
+    if not isinstance(s_aux, torch.Tensor) or s_aux.numel() != h:
+        got = f"{s_aux.dtype} {list(s_aux.shape)}" if isinstance(s_aux, torch.Tensor) else type(s_aux).__name__
+        raise ValueError(f"s_aux must hold one sink logit per query head ({h}), got {got}")
+    return s_aux.reshape(1, h, 1, 1).float()

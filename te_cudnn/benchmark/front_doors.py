@@ -1,0 +1,275 @@
+"""The benchmark's front-door section: what users pay who come in through the doors.
+
+* host microseconds per cached forward (no gradient, b=1 h=8 s=128 d=64 bf16) of the direct
+  call, ``fused_attention``, the module, the SDPA drop-in and the Hugging Face attention
+  function, against torch's SDPA (default and cuDNN backends), transformers' ``sdpa``
+  function and the cuDNN frontend's own PyTorch op where it is installed;
+* forward+backward device time of the drop-in against torch's cuDNN SDPA on BHSD-contiguous
+  leaves and on BSHD views (gradients accumulating into ``.grad``, as in training);
+* Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
+  tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
+  with ``mode="reduce-overhead"``, prefill and one training step, te_cudnn against ``sdpa``.
+
+``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
+``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import te_cudnn as tc
+
+from .measure import event_ms, host_medians
+
+__all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
+
+BF16 = torch.bfloat16
+#: drop-in fwd+bwd shapes: (b, h, h_kv, s, d), causal
+FWD_BWD_SHAPES = ((4, 16, 16, 2048, 64), (2, 32, 8, 4096, 128), (2, 32, 32, 1024, 128))
+
+
+class _Stub(torch.nn.Module):
+    """What transformers' attention functions read of the attention module."""
+
+    is_causal = False
+
+
+def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
+    """Median host microseconds per cached forward call of each door (no gradient)."""
+    from te_cudnn.integrations import transformers as te_hf  # noqa: PLC0415 - optional dependency
+
+    b, h, s, d = 1, 8, 128, 64
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=BF16) for _ in range(3))
+    qb, kb, vb = (torch.randn(b, h, s, d, device="cuda", dtype=BF16) for _ in range(3))
+    module = tc.DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="no_mask").cuda().eval()
+    stub = _Stub().eval()
+
+    def torch_cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qb, kb, vb)
+
+    fns: dict[str, Callable[[], Any]] = {
+        "te_cudnn.fused_attn_fwd": lambda: tc.fused_attn_fwd(False, s, s, None, None, q, k, v, BF16, None,
+                                                             qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask"),
+        "te_cudnn.fused_attention": lambda: tc.fused_attention(q, k, v),
+        "te_cudnn.DotProductAttention": lambda: module(q, k, v),
+        "te_cudnn.scaled_dot_product_attention": lambda: tc.scaled_dot_product_attention(qb, kb, vb),
+        "te_cudnn HF attention function": lambda: te_hf.attention_forward(stub, qb, kb, vb, None),
+        "torch SDPA (default backend)": lambda: F.scaled_dot_product_attention(qb, kb, vb),
+        "torch SDPA (cuDNN backend)": torch_cudnn,
+    }  # fmt: skip
+    try:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
+
+        fns["transformers sdpa attention function"] = lambda: sdpa_attention_forward(stub, qb, kb, vb, None)
+    except ImportError:
+        pass
+    try:
+        import cudnn  # noqa: PLC0415
+
+        op = getattr(getattr(cudnn, "ops", None), "sdpa", None) or getattr(cudnn, "sdpa_torch", None)
+        if op is not None:
+            fns["cudnn frontend PyTorch op"] = lambda: op(qb, kb, vb)
+    except Exception:  # noqa: BLE001 - reported as absent
+        pass
+    with torch.no_grad():
+        for name, fn in list(fns.items()):
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - a contender that cannot run here is left out
+                del fns[name]
+        return host_medians(fns, rounds, calls)
+
+
+def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> list[dict[str, Any]]:
+    """fwd+bwd milliseconds per step of the drop-in and of torch's cuDNN SDPA, interleaved."""
+    rows = []
+    for b, h, hk, s, d in shapes:
+        for form in ("BHSD leaves", "BSHD views"):
+            def leaf(heads):
+                if form == "BHSD leaves":
+                    return torch.randn(b, heads, s, d, device="cuda", dtype=BF16, requires_grad=True)
+                return torch.randn(b, s, heads, d, device="cuda", dtype=BF16).transpose(1, 2).requires_grad_()
+
+            q, k, v = leaf(h), leaf(hk), leaf(hk)
+            go = torch.randn(b, h, s, d, device="cuda", dtype=BF16)
+            gqa = hk != h
+
+            def te_step():
+                tc.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
+
+            def torch_step():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
+
+            times: dict[str, list[float]] = {"te_cudnn": [], "torch cuDNN": []}
+            for _ in range(rounds):
+                for name, step in (("te_cudnn", te_step), ("torch cuDNN", torch_step)):
+                    times[name].append(event_ms(step, reps))
+            te_ms, torch_ms = statistics.median(times["te_cudnn"]), statistics.median(times["torch cuDNN"])
+            rows.append({"shape": f"b={b} h={h} hg={hk} s={s} d={d} causal", "inputs": form, "te_cudnn_ms": te_ms,
+                         "torch_cudnn_ms": torch_ms, "ratio": te_ms / torch_ms})  # fmt: skip
+            del q, k, v, go
+    return rows
+
+
+def _llama_config():
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    return LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)  # fmt: skip
+
+
+def _timed(fn: Callable[[], Any], reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[str, Any]:
+    """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa."""
+    import transformers  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from te_cudnn.integrations import transformers as te_hf  # noqa: PLC0415
+
+    te_hf.register()
+    torch.manual_seed(0)
+    state = AutoModelForCausalLM.from_config(_llama_config()).to(BF16).state_dict()
+    res: dict[str, Any] = {"model": "random-weight Llama, 16 layers, hidden 2048, 32 heads over 8 KV heads, bf16"}
+    for impl in ("sdpa", "te_cudnn"):
+        model = AutoModelForCausalLM.from_config(_llama_config(), attn_implementation=impl)  # its own config
+        model.load_state_dict(state)
+        model = model.to(device="cuda", dtype=BF16).eval()
+        r: dict[str, Any] = {}
+        for b in (4, 1):
+            ids = torch.randint(0, 32000, (b, prompt), device="cuda")
+            kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            with torch.no_grad():
+                sec = _timed(lambda: model.generate(ids, **kw), reps)
+                r[f"generate b={b} dynamic cache tokens/s"] = b * new_tokens / sec
+                torch._dynamo.reset()
+                cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
+                try:
+                    sec = _timed(lambda: model.generate(ids, cache_implementation="static", compile_config=cc, **kw),
+                                 reps)  # fmt: skip
+                    r[f"generate b={b} static cache + reduce-overhead tokens/s"] = b * new_tokens / sec
+                except Exception as exc:  # noqa: BLE001 - reported
+                    r[f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
+        ids = torch.randint(0, 32000, (1, 4096), device="cuda")
+        with torch.no_grad():
+            r["prefill b=1 s=4096 ms"] = _timed(lambda: model(ids), 5) * 1e3
+        model.train()
+        ids = torch.randint(0, 32000, (2, 2048), device="cuda")
+
+        def step():
+            model(ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        r["training step b=2 s=2048 ms"] = _timed(step, 5) * 1e3
+        res[impl] = r
+        del model
+        torch.cuda.empty_cache()
+    res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
+                               if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip
+    return res
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    lines = ["## Front doors", "", f"Measured on {res['device']}.", "", "### Host µs per cached forward (b=1 h=8 s=128 "
+             "d=64 bf16, no gradient)", "", "| call | host µs | vs torch SDPA default |", "|---|---|---|"]  # fmt: skip
+    host = res.get("host", {})
+    base = host.get("torch SDPA (default backend)")
+    for name, us in host.items():
+        lines.append(f"| {name} | {us:.1f} | {us / base:.2f}× |" if base else f"| {name} | {us:.1f} | |")
+    lines += ["", "### Drop-in forward+backward (ms per step, causal)", "", "| shape | inputs | te_cudnn | torch cuDNN | "
+              "ratio |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in res.get("fwd_bwd", []):
+        lines.append(f"| {r['shape']} | {r['inputs']} | {r['te_cudnn_ms']:.3f} | {r['torch_cudnn_ms']:.3f} | "
+                     f"{r['ratio']:.3f} |")  # fmt: skip
+    hf = res.get("hf")
+    if hf:
+        lines += ["", f"### Hugging Face ({hf['model']})", "", "| measure | sdpa | te_cudnn | te_cudnn / sdpa |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for k, v in hf.get("sdpa", {}).items():
+            t = hf.get("te_cudnn", {}).get(k)
+            if isinstance(v, float) and isinstance(t, float):
+                lines.append(f"| {k} | {v:.1f} | {t:.1f} | {t / v:.3f} |")
+            else:
+                lines.append(f"| {k} | {v} | {t} | |")
+    return "\n".join(lines) + "\n"
+
+
+def _chart(res: dict[str, Any], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415 - optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    host = res.get("host", {})
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(host) + 1.2))
+    names = list(host)
+    ax.barh(names, [host[n] for n in names], color=["#76b900" if n.startswith("te_cudnn") else "#888888" for n in names])
+    ax.invert_yaxis()
+    ax.set_xlabel("host µs per cached forward (lower is better)")
+    ax.set_title(f"Front doors, {res['device']}")
+    for i, n in enumerate(names):
+        ax.text(host[n], i, f" {host[n]:.1f}", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(out: Path, hf: bool = True) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    res: dict[str, Any] = {"device": f"{props.name}, cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}"}
+    res["host"] = host_doors()
+    print("host µs:", json.dumps({k: round(v, 1) for k, v in res["host"].items()}), flush=True)
+    res["fwd_bwd"] = dropin_fwd_bwd()
+    for r in res["fwd_bwd"]:
+        print("fwd+bwd", r, flush=True)
+    if hf:
+        res["hf"] = hf_llama()
+        print("hf", json.dumps(res["hf"], indent=1), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "front_doors.json").write_text(json.dumps(res, indent=1))
+    (out / "front_doors.md").write_text(_markdown(res))
+    try:
+        _chart(res, out / "front_doors.png")
+    except ImportError:
+        pass
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m te_cudnn.benchmark.front_doors", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for front_doors.json, .md and .png")
+    p.add_argument("--no-hf", action="store_true", help="leave out the Hugging Face section")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("front-door benchmark: needs a CUDA device", file=sys.stderr)
+        return 2
+    run(args.out, hf=not args.no_hf)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
