@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 EXIT_MISSING = 2  # what the example needs (torchrun, a GPU) is not there
@@ -68,19 +67,10 @@ def _missing(args) -> str | None:
 
 
 def _time(fn, iters: int) -> float:
-    import torch
+    """Median ms of ``iters`` calls, each timed alone with CUDA events, after 2 warm-up calls."""
+    from te_cudnn.timing import median_ms
 
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, rounds=iters, warmup=2)
 
 
 def _peak(fn, inputs) -> int:

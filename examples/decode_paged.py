@@ -105,17 +105,19 @@ class DecodeLayer:
 
 def _time_steps(layer: DecodeLayer, run, steps: int) -> list[float]:
     """Microseconds of each step's device work (CUDA events around it; one sync at the end)."""
-    events = []
+    from te_cudnn.timing import EventSpan
+
+    spans = []
     for _ in range(steps):
         layer.new_tokens()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        span = EventSpan()
+        span.begin()
         run()
-        end.record()
+        span.end()
         layer.after_step()
-        events.append((start, end))
+        spans.append(span)
     torch.cuda.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in events]
+    return [span.ms() * 1e3 for span in spans]
 
 
 def main(argv=None) -> int:

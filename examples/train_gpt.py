@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import math
 import os
@@ -102,17 +103,22 @@ class SdpaAttention(nn.Module):
         return o.transpose(1, 2).reshape(b, s, -1)
 
 
+def _te_cudnn(name: str = "te_cudnn") -> Any:
+    """``te_cudnn`` (or one of its modules), imported when first needed: ``--help`` and the CPU
+    smoke run never need it. A source checkout that is not installed finds the package beside
+    examples/."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return importlib.import_module(name)
+
+
 def make_attention(kind: str, heads: int, head_dim: int, dropout: float) -> nn.Module:
     if kind == "sdpa":
         return SdpaAttention(dropout)
-    try:
-        import te_cudnn  # only here: --help and the CPU smoke run never need it
-    except ImportError:  # a source checkout that is not installed: the package beside examples/
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        import te_cudnn
-
-    return te_cudnn.DotProductAttention(num_attention_heads=heads, kv_channels=head_dim, attention_dropout=dropout,
-                                        qkv_format="bshd", attn_mask_type="causal")
+    return _te_cudnn().DotProductAttention(num_attention_heads=heads, kv_channels=head_dim, attention_dropout=dropout,
+                                           qkv_format="bshd", attn_mask_type="causal")
 
 
 class Block(nn.Module):
@@ -212,7 +218,8 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Itera
     xs = data[:, :, :-1].contiguous().to(dev)
     ys = data[:, :, 1:].contiguous().to(dev)
     losses = torch.zeros(args.steps, device=dev)
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(args.steps)] if cuda else []
+    event_span = _te_cudnn("te_cudnn.timing").EventSpan if cuda else None  # the CPU run needs no te_cudnn
+    spans = [event_span() for _ in range(args.steps)] if cuda else []
     cpu_ms: list[float] = []  # the CPU smoke run times with perf_counter
     first = 0
 
@@ -237,7 +244,7 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Itera
     for i in range(first, args.steps):
         t0 = time.perf_counter()
         if cuda:
-            events[i][0].record()
+            spans[i].begin()
         set_lr(i)
         if mode == "graph":
             static_x.copy_(xs[i])  # same device: an ordinary kernel before the replay
@@ -248,14 +255,14 @@ def train(attn: str, mode: str, data: Tensor, args: argparse.Namespace) -> Itera
             opt.zero_grad(set_to_none=True)
             losses[i].copy_(step(xs[i], ys[i]))
         if cuda:
-            events[i][1].record()
+            spans[i].end()
         else:
             cpu_ms.append(1e3 * (time.perf_counter() - t0))
         yield
     timed = range(max(first, args.timing_warmup), args.steps)
     if cuda:
         torch.cuda.synchronize()
-        times = [events[i][0].elapsed_time(events[i][1]) for i in timed]
+        times = [spans[i].ms() for i in timed]
     else:
         times = cpu_ms[timed.start - first:]
     loss_list = losses.tolist()

@@ -13,7 +13,6 @@ validates the same cuDNN graphs and says that executing them needs a GPU.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
@@ -25,22 +24,9 @@ from .enums import FusedAttnBackend, QKVLayout
 from .reference import attention_reference
 from .runtime import HOPPER_CUDNN_919, current_env, format_versions
 from .testing import BENCHMARK_CONFIGS, BenchConfig, make_qkv, rel_error, to_bhsd
+from .timing import median_ms
 
 LAYOUT = QKVLayout.bshd_bshd_bshd
-
-
-def _time_ms(fn, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _reference_errors(cfg: BenchConfig, q, k, v, bias, out, d_o, dq, dk, dv) -> tuple[float, float]:
@@ -76,7 +62,7 @@ def run_gpu(cfg: BenchConfig, iters: int) -> dict:
     dq, dk, dv, _, _ = bwd()
     torch.cuda.synchronize()
     err_o, err_dq = _reference_errors(cfg, q, k, v, bias, out, d_o, dq, dk, dv)
-    fwd_ms, bwd_ms = _time_ms(fwd, iters), _time_ms(bwd, iters)
+    fwd_ms, bwd_ms = median_ms(fwd, rounds=iters), median_ms(bwd, rounds=iters)
     f_flops, b_flops = cfg.flops()
     return {
         "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "err_o": err_o, "err_dq": err_dq,

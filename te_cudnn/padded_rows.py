@@ -273,7 +273,7 @@ class ResultCheck:
 
     def __init__(self, graph: Any, uids: Sequence[int], cfg: AttnConfig, direction: Direction, ops: dict[int, Any],
                  batch: ProbeBatch, device: Any, *, bind: bool = True, fill_padded: bool = False) -> None:  # fmt: skip
-        from .plans.tune import length_operands  # noqa: PLC0415
+        from .plans.tune_operands import length_operands  # noqa: PLC0415
 
         self.batch = batch
         self.fill_padded = fill_padded
@@ -402,7 +402,7 @@ def probe(plan: Any, cfg: Optional[AttnConfig] = None, backend: Optional[SubBack
     import torch  # noqa: PLC0415
 
     from .plans.handles import handle_for  # noqa: PLC0415
-    from .plans.tune import make_operands  # noqa: PLC0415
+    from .plans.tune_operands import make_operands  # noqa: PLC0415
     from .runtime import current_env  # noqa: PLC0415
 
     key = plan.key

@@ -354,7 +354,7 @@ def test_agreement_tolerances() -> None:
 def test_agreement_error() -> None:
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(4, 64, generator=g)
-    err = tune_mod._agreement_error
+    err = tune_mod.agreement_error
     assert err("o", ref.clone(), ref, 1e-2) is None
     assert err("o", ref + 1e-4 * torch.randn(4, 64, generator=g), ref, 1e-2) is None
     assert "relative difference" in err("o", ref + 0.5 * torch.randn(4, 64, generator=g), ref, 1e-2)

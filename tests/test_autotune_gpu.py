@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import torch
 
+from te_cudnn import timing
 from te_cudnn.backends import BY_ENUM, Direction, Uid
 from te_cudnn.config import describe_shapes
 from te_cudnn.enums import FusedAttnBackend
@@ -202,7 +203,7 @@ def test_every_candidate_passes_the_checks_the_heuristic_plan_passes(case: str) 
         if case == "fp8_fwd":
             assert _rmse_range(out[Uid.O].float(), emu.out) < RMSE_VS_EMULATION, name
         for uid in outputs:  # and the heuristic plan's results, within the dtype's tolerance
-            why = tune_mod._agreement_error(Uid.NAMES[uid], out[uid], heuristic[uid], tol)
+            why = tune_mod.agreement_error(Uid.NAMES[uid], out[uid], heuristic[uid], tol)
             assert why is None, f"{case} {name}: {why}"
         for uid in outputs:
             assert torch.isfinite(out[uid].float()).any(), f"{case} {name} {Uid.NAMES[uid]}: no finite values"
@@ -444,14 +445,14 @@ def test_timer_hides_the_host_time_of_a_host_bound_run_after_an_idle_spell() -> 
         run()
     torch.cuda.synchronize()
     host_ms = (time.perf_counter() - t0) / 200 * 1e3
-    saved = dict(tune_mod._cycles_per_ms)
-    tune_mod._cycles_per_ms.clear()  # measured again, after the idle spell
+    saved = dict(timing._cycles_per_ms)
+    timing._cycles_per_ms.clear()  # measured again, after the idle spell
     try:
         time.sleep(2.0)  # idle: the GPU lowers its clock
         [samples] = tune_mod.interleaved_event_timer([run], warmup=3, reps=5)
     finally:
-        tune_mod._cycles_per_ms.clear()
-        tune_mod._cycles_per_ms.update(saved)
+        timing._cycles_per_ms.clear()
+        timing._cycles_per_ms.update(saved)
     device_ms = sorted(samples)[len(samples) // 2]
     print(f"host {host_ms * 1e3:.1f} us per run, timed {device_ms * 1e3:.1f} us")
     assert len(samples) == 5

@@ -343,18 +343,18 @@ def test_import_refuses_oversized_members(capsys, tmp_path: Path, plan_file: tup
     archive = tmp_path / "big.tar"
     with tarfile.open(archive, "w") as tar:
         _member(tar, name, data)
-    import te_cudnn.cli as cli
+    from te_cudnn.cli import store as cli_store  # where `plans import` reads the cap
 
-    monkeypatch.setattr(cli, "MAX_IMPORT_MEMBER_BYTES", len(data) - 1)
+    monkeypatch.setattr(cli_store, "MAX_IMPORT_MEMBER_BYTES", len(data) - 1)
     store = tmp_path / "store"
     rc, result = _import(capsys, archive, store)
     assert rc == 1 and result["imported"] == 0
     assert result["refused"] == {f"larger than {len(data) - 1} bytes": [name]}
     assert not store.exists()
-    monkeypatch.setattr(cli, "MAX_IMPORT_MEMBER_BYTES", len(data))  # exactly at the cap is fine
+    monkeypatch.setattr(cli_store, "MAX_IMPORT_MEMBER_BYTES", len(data))  # exactly at the cap is fine
     rc, result = _import(capsys, archive, store)
     assert rc == 0 and result["imported"] == 1 and entries(store) == {name: data}
-    assert cli.MAX_IMPORT_MEMBER_BYTES == len(data)
+    assert cli_store.MAX_IMPORT_MEMBER_BYTES == len(data)
 
 
 def test_import_cap_is_64_mib() -> None:
@@ -806,7 +806,7 @@ def test_version(capsys) -> None:
 def test_unexpected_errors_are_one_line(capsys, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a command raises comes out as one line with an exit code; --debug or
     TE_CUDNN_DEBUG=1 lets the traceback through."""
-    import te_cudnn.cli as cli
+    from te_cudnn.cli import store as cli
 
     def boom(*_: Any, **__: Any) -> Any:
         raise RuntimeError("first line\nsecond line")
@@ -841,7 +841,7 @@ def test_unexpected_errors_are_one_line(capsys, root: Path, monkeypatch: pytest.
 def test_store_warnings_are_one_line(capsys, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    import te_cudnn.cli as cli
+    from te_cudnn.cli import store as cli
 
     real_rows = cli._rows
 

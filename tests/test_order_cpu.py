@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from te_cudnn.plans import tune
+from te_cudnn import timing
+from te_cudnn.plans import tune_run
 from te_cudnn.plans.order import order_rng, round_order
 
 
@@ -50,9 +51,9 @@ def test_tuner_timer_visits_every_live_run_once_per_round_in_seeded_orders(monke
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tune, "_spin_rate", lambda device: None)
-    monkeypatch.setattr(tune, "_warm", lambda run, warmup: (0.0, 10.0))  # one launch per sample, no warm-up calls
-    monkeypatch.setattr(tune, "SETTLE_MS", 0.0)  # one settling launch
+    monkeypatch.setattr(timing, "spin_rate", lambda device: None)
+    monkeypatch.setattr(timing, "warm", lambda run, warmup: (0.0, 10.0))  # one launch per sample, no warm-up calls
+    monkeypatch.setattr(tune_run, "SETTLE_MS", 0.0)  # one settling launch
     visits: list[int] = []
 
     def make(i: int, ms: float, fails_on_call: int = -1):
@@ -64,7 +65,7 @@ def test_tuner_timer_visits_every_live_run_once_per_round_in_seeded_orders(monke
 
         return run
 
-    res = tune.interleaved_event_timer([make(0, 1.0), make(1, 2.0), make(2, 3.0, fails_on_call=2)], warmup=1, reps=5,
+    res = tune_run.interleaved_event_timer([make(0, 1.0), make(1, 2.0), make(2, 3.0, fails_on_call=2)], warmup=1, reps=5,
                                        seed=3)  # fmt: skip
     rng, live, expected = order_rng(3), [0, 1, 2], [0]  # the settling launch of run 0
     for r in range(5):
@@ -93,14 +94,14 @@ def test_tuner_timer_retakes_samples_whose_spin_ended_too_soon(monkeypatch) -> N
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tune, "_spin_rate", lambda device: 1000.0)
-    monkeypatch.setattr(tune, "_warm", lambda run, warmup: (1.0, 1.0))  # host-bound: spins before each sample
-    monkeypatch.setattr(tune, "SETTLE_MS", 0.0)
-    monkeypatch.setattr(tune, "GROUP_SAMPLE_MS", 1.0)  # one launch per sample
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1000.0)
+    monkeypatch.setattr(timing, "warm", lambda run, warmup: (1.0, 1.0))  # host-bound: spins before each sample
+    monkeypatch.setattr(tune_run, "SETTLE_MS", 0.0)
+    monkeypatch.setattr(tune_run, "GROUP_SAMPLE_MS", 1.0)  # one launch per sample
     spins: dict[int, list[float]] = {0: [], 1: []}
     late = {0: [True, True], 1: [True] * 20}  # run 0: two spins too short; run 1: always too short
     order: list[int] = []  # the runs in the order the rounds visit them (each spin precedes one)
-    real_round_order = tune.round_order
+    real_round_order = tune_run.round_order
 
     def round_order(items, rng):
         visit = real_round_order(items, rng)
@@ -112,8 +113,8 @@ def test_tuner_timer_retakes_samples_whose_spin_ended_too_soon(monkeypatch) -> N
         spins[i].append(ms)
         return _Spun(late[i].pop(0) if late[i] else False)
 
-    monkeypatch.setattr(tune, "round_order", round_order)
-    monkeypatch.setattr(tune, "_spin", spin)
+    monkeypatch.setattr(tune_run, "round_order", round_order)
+    monkeypatch.setattr(timing, "spin", spin)
 
     def make(ms: float):
         def run() -> None:
@@ -121,13 +122,13 @@ def test_tuner_timer_retakes_samples_whose_spin_ended_too_soon(monkeypatch) -> N
 
         return run
 
-    res = tune.interleaved_event_timer([make(1.0), make(2.0)], warmup=1, reps=3, seed=1)
+    res = tune_run.interleaved_event_timer([make(1.0), make(2.0)], warmup=1, reps=3, seed=1)
     assert res[0] == pytest.approx([1.0] * 3) and res[1] == pytest.approx([2.0] * 3)
     ahead = 1.0 * 1 * 1.25 + 0.05  # host ms x launches x 1.25 + 0.05
     assert spins[0] == pytest.approx([ahead, 2 * ahead, 4 * ahead, 4 * ahead, 4 * ahead])
     # run 1: SPIN_RETRIES retakes, each spin twice the last, then its samples count as they are
-    assert len(spins[1]) == tune.SPIN_RETRIES + 3
-    assert spins[1][: tune.SPIN_RETRIES + 1] == pytest.approx([ahead * 2**k for k in range(tune.SPIN_RETRIES + 1)])
+    assert len(spins[1]) == timing.SPIN_RETRIES + 3
+    assert spins[1][: timing.SPIN_RETRIES + 1] == pytest.approx([ahead * 2**k for k in range(timing.SPIN_RETRIES + 1)])
 
 
 def test_spin_rate_is_the_fastest_of_three_calibrations(monkeypatch) -> None:
@@ -150,9 +151,9 @@ def test_spin_rate_is_the_fastest_of_three_calibrations(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.cuda, "Event", Ev)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
-    monkeypatch.setattr(tune, "_cycles_per_ms", {})
-    assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)
-    assert tune._spin_rate(0) == pytest.approx(tune.SPIN_CALIBRATION_CYCLES / 0.5)  # measured once per device
+    monkeypatch.setattr(timing, "_cycles_per_ms", {})
+    assert timing.spin_rate(0) == pytest.approx(timing.SPIN_CALIBRATION_CYCLES / 0.5)
+    assert timing.spin_rate(0) == pytest.approx(timing.SPIN_CALIBRATION_CYCLES / 0.5)  # measured once per device
 
 
 def test_single_run_timer_takes_its_samples_again_after_a_short_spin(monkeypatch) -> None:
@@ -161,9 +162,9 @@ def test_single_run_timer_takes_its_samples_again_after_a_short_spin(monkeypatch
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tune, "_spin_rate", lambda device: 1000.0)
-    monkeypatch.setattr(tune, "_warm", lambda run, warmup: (1.0, 1.0))  # host-bound: one spin before the samples
-    monkeypatch.setattr(tune, "MIN_SAMPLE_MS", 1.0)  # one launch per sample
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1000.0)
+    monkeypatch.setattr(timing, "warm", lambda run, warmup: (1.0, 1.0))  # host-bound: one spin before the samples
+    monkeypatch.setattr(tune_run, "MIN_SAMPLE_MS", 1.0)  # one launch per sample
     spins: list[float] = []
     late = [True]
 
@@ -171,14 +172,14 @@ def test_single_run_timer_takes_its_samples_again_after_a_short_spin(monkeypatch
         spins.append(ms)
         return _Spun(late.pop(0) if late else False)
 
-    monkeypatch.setattr(tune, "_spin", spin)
+    monkeypatch.setattr(timing, "spin", spin)
     calls = []
 
     def run() -> None:
         calls.append(1)
         _Event.clock += 1.5
 
-    samples = tune.cuda_event_timer(run, warmup=1, reps=4)
+    samples = tune_run.cuda_event_timer(run, warmup=1, reps=4)
     assert samples == pytest.approx([1.5] * 4)
     ahead = 1.0 * 1 * 4 * 1.25 + 0.5  # host ms x launches x samples x 1.25 + 0.5
     assert spins == pytest.approx([ahead, 2 * ahead]) and len(calls) == 8  # the samples taken twice

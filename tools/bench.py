@@ -9,8 +9,8 @@ only, ``varlen`` the THD cases, ``fp8`` the FP8 cases, ``max512`` the max512 cas
 two sub-backends and the hand-built graph); with none of these it runs ``--quick`` (about a
 minute, as ``tools/run_gpu_suite.sh`` calls it), and ``--full`` every default case. ``--iters``
 is ``--rounds``. Any other option goes to the package's command line as it is
-(``--out DIR``, ``--quick``, ``--contenders ...``). ``host_medians`` stays importable from here
-(``tools/bench_ops.py`` uses it).
+(``--out DIR``, ``--quick``, ``--contenders ...``). ``host_medians`` (``te_cudnn.timing``'s) stays
+importable from here under its old name.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from te_cudnn.benchmark.cli import main as bench_main
-from te_cudnn.benchmark.measure import host_medians  # noqa: F401  (re-exported for tools/bench_ops.py)
+from te_cudnn.timing import host_medians  # noqa: F401  (importable from here, as before)
 
 SECTIONS = {"dense": "te", "varlen": "thd", "fp8": "fp8", "max512": "max512"}
 

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import host_medians  # noqa: E402  (tools/bench.py: the project's host-timing loop)
 
 import te_cudnn as tc
 from te_cudnn import torch_ops
 from te_cudnn.autograd import AttnOptions, FusedAttnFunc
+from te_cudnn.timing import host_medians
 
 
 def compiled_layer(b: int = 2, s: int = 512, h: int = 8, d: int = 64):

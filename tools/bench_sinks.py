@@ -18,6 +18,7 @@ import torch
 import te_cudnn as tc
 from te_cudnn.enums import QKVLayout
 from te_cudnn.testing import make_qkv
+from te_cudnn.timing import event_ms
 
 
 def _contender(q, k, v, d_o, softmax: str, window: tuple[int, int]):
@@ -37,16 +38,6 @@ def _contender(q, k, v, d_o, softmax: str, window: tuple[int, int]):
         tc.fused_attn_bwd(s, s, None, None, q, k, v, o, d_o, q.dtype, a, None, **kw)
 
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": both}
-
-
-def _time(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main(argv=None) -> int:
@@ -69,11 +60,11 @@ def main(argv=None) -> int:
         times: dict = {(sm, part): [] for sm in fns for part in fns[sm]}
         for sm in fns:  # warm-up
             for fn in fns[sm].values():
-                _time(fn, 3)
+                event_ms(fn, 3)
         for _ in range(a.rounds):
             for sm in fns:
                 for part, fn in fns[sm].items():
-                    times[sm, part].append(_time(fn, a.iters))
+                    times[sm, part].append(event_ms(fn, a.iters))
         print(f"\n{layer}: median ms (ratio to vanilla)")
         print(f"  {'softmax':12s} {'fwd':>16s} {'bwd':>16s} {'fwd+bwd':>16s}")
         for sm in fns:

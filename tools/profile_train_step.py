@@ -17,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from te_cudnn.timing import EventSpan
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -57,14 +59,14 @@ def run(attn: str, mode: str, a: argparse.Namespace) -> None:
     torch.cuda.synchronize()
     ms, host = [], []
     for _ in range(a.steps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        span = EventSpan()
         t0 = time.perf_counter()
-        e0.record()
+        span.begin()
         step()
-        e1.record()
+        span.end()
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()  # isolate each step: host time and GPU time separately
-        ms.append(e0.elapsed_time(e1))
+        ms.append(span.ms())
     print(f"\n== {attn} {mode}: median step {statistics.median(ms):.2f} ms (events, synced per step), "
           f"host {statistics.median(host):.2f} ms")
     if a.profiler == "kernels":  # what the step launches: device kernels and runtime calls, per step

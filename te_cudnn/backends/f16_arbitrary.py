@@ -200,7 +200,9 @@ class F16ArbitrarySeqlen(SubBackend):
             for key, uid in (("paged_attention_k_table", Uid.PAGE_TABLE_K), ("paged_attention_v_table", Uid.PAGE_TABLE_V)):
                 kw[key] = graph.tensor(name=Uid.NAMES[uid], dim=[cfg.b, 1, pages, 1], stride=[pages, pages, 1, 1],
                                        data_type=i32, uid=uid)  # fmt: skip
-            kw["paged_attention_max_seq_len_kv"] = cfg.skv
+            # the keys a page list holds: cuDNN wants a table of exactly ceil(max / page_size) pages,
+            # and the per-sequence lengths (padding masks only) bound what is read
+            kw["paged_attention_max_seq_len_kv"] = pages * cfg.paged[1]
         if cfg.has_dropout:
             i64 = cudnn.data_type.INT64
             seed = graph.tensor(name="seed", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.SEED)

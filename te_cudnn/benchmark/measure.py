@@ -1,4 +1,6 @@
-"""Timing and counting on the device.
+"""The benchmark's sampling on the device, on :mod:`te_cudnn.timing`'s timers (whose
+:func:`~te_cudnn.timing.event_ms`, :func:`~te_cudnn.timing.capture` and
+:func:`~te_cudnn.timing.host_medians` are re-exported here).
 
 * GPU time: CUDA events around ``reps`` back-to-back eager calls that follow one untimed
   call (host gaps included: a host-bound call shows them), and around the replay of a CUDA
@@ -11,7 +13,7 @@
   ratios of adjacent samples in a, b, b, a order (:func:`adjacent_ratios`), which cancel the
   fast clock swings of a GPU at its power cap that the ratio of medians over rounds keeps.
 * Host time: ``perf_counter`` over many back-to-back cached calls on a tiny problem, where the
-  host, not the GPU, is the bottleneck (:func:`host_medians`).
+  host, not the GPU, is the bottleneck (:func:`~te_cudnn.timing.host_medians`).
 * Peak memory: ``torch.cuda.max_memory_allocated`` around one call, reset before.
 * Ceilings of this GPU, measured in the same run: a large bf16 (and FP8) matmul, and a large
   device-to-device copy (bytes read plus bytes written).
@@ -22,53 +24,15 @@ from __future__ import annotations
 import gc
 import math
 import statistics
-import time
 from typing import Any, Callable, Optional
 
 import torch
 
 from ..plans.order import ORDER_SEED, order_rng, round_order
+from ..timing import capture, event_ms, host_medians, median_ms
 
 __all__ = ["adjacent_ratios", "capture", "eager_sampler", "graph_sampler", "interleaved", "lead_count", "summarize", "host_medians",
            "EAGER_LEAD", "matmul_peak_tflops", "fp8_matmul_peak_tflops", "copy_bandwidth_gbps", "event_ms", "free_memory"]  # fmt: skip
-
-
-def event_ms(fn: Callable[[], Any], reps: int = 1, lead: int = 0) -> float:
-    """Milliseconds per call of ``reps`` back-to-back calls, CUDA events around them.
-    ``lead`` untimed calls go first: while the GPU runs them the host queues the start event
-    and the timed calls, so the first timed call does not wait for its own launch (without a
-    lead, the time of a lone call includes its host latency from an idle GPU)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(lead):
-        fn()
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
-
-
-def capture(fn: Callable[[], Any], reps: int, setup: Optional[Callable[[], Any]] = None, warmup: int = 2):
-    """A CUDA graph of ``reps`` calls of ``fn(state)`` where ``state = setup()`` (run on the
-    capture stream, so that autograd's backward, which runs on its forward's stream, is
-    captured too). Warm-up calls run on the side stream first (allocator pools, lazy init).
-    Returns ``(graph, state)``; keep ``state`` alive as long as the graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        state = setup() if setup is not None else None
-        call = fn(state)
-        for _ in range(warmup):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for _ in range(reps):
-            call()
-    torch.cuda.synchronize()
-    return graph, state
 
 
 #: untimed calls before each eager sample (see :func:`event_ms`)
@@ -133,26 +97,6 @@ def summarize(samples: list[float]) -> tuple[float, float]:
     return med, (q[2] - q[0]) / med * 100.0
 
 
-def host_medians(fns: dict, rounds: int, calls: int, warmup: int = 500) -> dict:
-    """Median host microseconds per call of each function: ``calls`` back-to-back calls timed
-    with the host clock, then one synchronize; interleaved rounds, so machine noise hits every
-    contender alike. (``tools/bench_ops.py`` uses it too.)"""
-    reps: dict = {name: [] for name in fns}
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            reps[name].append((t1 - t0) / calls * 1e6)
-    return {name: statistics.median(r) for name, r in reps.items()}
-
-
 def free_memory() -> None:
     """Drop what the last case left: Python garbage, te_cudnn's kept workspaces, the
     allocator's cached blocks."""
@@ -168,19 +112,12 @@ def free_memory() -> None:
 
 
 # ---------------------------------------------------------------------------- ceilings
-def _median_ms(fn: Callable[[], Any], reps: int, rounds: int = 7) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(event_ms(fn, reps) for _ in range(rounds))
-
-
 def matmul_peak_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
     """Dense matmul TFLOP/s of this GPU: ``n x n x n`` with torch.matmul (cuBLAS), random data."""
     a = torch.randn(n, n, device="cuda").to(dtype)
     b = torch.randn(n, n, device="cuda").to(dtype)
     c = torch.empty(n, n, device="cuda", dtype=dtype)
-    ms = _median_ms(lambda: torch.matmul(a, b, out=c), reps=10)
+    ms = median_ms(lambda: torch.matmul(a, b, out=c), reps=10)
     del a, b, c
     return 2.0 * n**3 / (ms * 1e-3) / 1e12
 
@@ -194,7 +131,7 @@ def fp8_matmul_peak_tflops(n: int = 8192) -> Optional[float]:
         b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
         one = torch.ones((), device="cuda")
         fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-        ms = _median_ms(fn, reps=10)
+        ms = median_ms(fn, reps=10)
         return 2.0 * n**3 / (ms * 1e-3) / 1e12
     except Exception:  # noqa: BLE001 - an optional ceiling
         return None
@@ -204,6 +141,6 @@ def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
     """Device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), reps=5)
+    ms = median_ms(lambda: dst.copy_(src), reps=5)
     del src, dst
     return 2.0 * nbytes / (ms * 1e-3) / 1e9

@@ -89,7 +89,7 @@ TMP_PREFIX = ".tmp-"
 #: The version of what the graph builders (``te_cudnn/backends/``) put into a plan. It is part
 #: of the fingerprint, so bumping it retires every stored plan. Bump it with any change to the
 #: builders; ``tests/test_plan_format.py`` fails until it is bumped and its recorded hash updated.
-PLAN_FORMAT_VERSION = 3
+PLAN_FORMAT_VERSION = 4
 
 #: The largest plan file that is read (a serialized plan is some 10 KB to 2 MB).
 MAX_FILE_BYTES = 64 << 20
