@@ -4,7 +4,7 @@
   call, ``fused_attention``, the module, the SDPA drop-in and the Hugging Face attention
   function, against torch's SDPA (default and cuDNN backends), transformers' ``sdpa``
   function and the cuDNN frontend's own PyTorch op where it is installed;
-* forward+backward device time of the drop-in against torch's cuDNN SDPA on BHSD-contiguous
+* forward+backward GPU time of the drop-in against torch's cuDNN SDPA on BHSD-contiguous
   leaves and on BSHD views (gradients accumulating into ``.grad``, as in training);
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
