@@ -19,6 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import te_cudnn.sdpa as sdpa_mod  # noqa: E402
+from _attend_recorder import AttendRecorder  # noqa: E402
 from te_cudnn import UnsupportedConfigError  # noqa: E402
 from te_cudnn.integrations import transformers as te_hf  # noqa: E402
 
@@ -47,29 +48,9 @@ def registered():
     return te_hf.register()
 
 
-class Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, q, k, v, attn_bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, *_, **extra):
-        # what the door asked for, as fused_attention's keyword options (those that differ from
-        # the defaults, besides the ones every call sets)
-        kw = {"attn_bias": attn_bias, "is_training": is_training, "qkv_layout": opts.qkv_layout,
-              "attn_mask_type": opts.attn_mask_type, "attn_scale": opts.attn_scale, "dropout": opts.dropout}
-        if opts.attn_bias_type != "no_bias":
-            kw["attn_bias_type"] = opts.attn_bias_type
-        if opts.window_size != (-1, -1):
-            kw["window_size"] = opts.window_size
-        if opts.softmax_type != "vanilla":
-            kw["softmax_type"], kw["softmax_offset"] = opts.softmax_type, extra.get("softmax_offset")
-        self.calls.append(((q, k, v), kw))
-        b, s, h, _ = q.shape
-        return torch.full((b, s, h, v.shape[-1]), 1.0, dtype=q.dtype)
-
-
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = Recorder()
+    rec = AttendRecorder()
     monkeypatch.setattr(sdpa_mod, "attend", rec)
     return rec
 

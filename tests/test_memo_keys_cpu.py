@@ -125,13 +125,9 @@ def _shared_options(cu: torch.Tensor) -> dict[str, list[tuple[str, Any]]]:
     }
 
 
-def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
-    """fused_attn_fwd: dense bshd bf16 self-attention, causal, no bias."""
-    q, k, v = (torch.zeros(B, S, H, D, dtype=BF16) for _ in range(3))
-    cu = _cu()
-    table = torch.zeros(B, 2, dtype=I32)
-    vals: dict[str, list[tuple[str, Any]]] = {
-        "is_training": plain_values("is_training", True, False),
+def _sequence_values(q, k, v, cu) -> dict[str, list[tuple[str, Any]]]:
+    """The leading arguments fused_attn_fwd and fused_attn_bwd share: sequence lengths, q, k, v."""
+    return {
         "max_seqlen_q": plain_values("max_seqlen_q", S, S // 2),
         "max_seqlen_kv": plain_values("max_seqlen_kv", S, S // 2),
         "cu_seqlens_q": tensor_values("cu_seqlens_q", cu, optional=True),
@@ -139,6 +135,17 @@ def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
         "q": tensor_values("q", q, optional=False),
         "k": tensor_values("k", k, optional=False),
         "v": tensor_values("v", v, optional=False),
+    }
+
+
+def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
+    """fused_attn_fwd: dense bshd bf16 self-attention, causal, no bias."""
+    q, k, v = (torch.zeros(B, S, H, D, dtype=BF16) for _ in range(3))
+    cu = _cu()
+    table = torch.zeros(B, 2, dtype=I32)
+    vals: dict[str, list[tuple[str, Any]]] = {
+        "is_training": plain_values("is_training", True, False),
+        **_sequence_values(q, k, v, cu),
         "qkv_dtype": plain_values("qkv_dtype", BF16, None, torch.float16),
         "fused_attention_backend": plain_values("fused_attention_backend", None, FusedAttnBackend.F16_arbitrary_seqlen,
                                                 FusedAttnBackend.F16_max512_seqlen, FusedAttnBackend.FP8),  # fmt: skip
@@ -217,13 +224,7 @@ def _f16_bwd_values() -> dict[str, list[tuple[str, Any]]]:
     aux += [(f"aux_ctx_tensors[3]: {label}", [stats, rng, bias, t])
             for label, t in tensor_values("softmax_offset", sink, optional=False, misaligned=True)]  # fmt: skip
     vals: dict[str, list[tuple[str, Any]]] = {
-        "max_seqlen_q": plain_values("max_seqlen_q", S, S // 2),
-        "max_seqlen_kv": plain_values("max_seqlen_kv", S, S // 2),
-        "cu_seqlens_q": tensor_values("cu_seqlens_q", cu, optional=True),
-        "cu_seqlens_kv": tensor_values("cu_seqlens_kv", cu, optional=True),
-        "q": tensor_values("q", q, optional=False),
-        "k": tensor_values("k", k, optional=False),
-        "v": tensor_values("v", v, optional=False),
+        **_sequence_values(q, k, v, cu),
         "o": tensor_values("o", o, optional=False),
         "d_o": tensor_values("d_o", d_o, optional=False),
         "qkv_dtype": plain_values("qkv_dtype", BF16, None, torch.float16),

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import te_cudnn as tc
 import te_cudnn.sdpa as sdpa_mod
+from _attend_recorder import AttendRecorder
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.sdpa import mask_to_bias, scaled_dot_product_attention
 
@@ -38,36 +39,9 @@ def _qkv(b=2, h=4, hk=None, sq=5, skv=7, d=64, dv=None, dtype=BF16, bshd=False):
     return make(h, sq, d), make(hk, skv, d), make(hk, skv, dv)
 
 
-class Recorder:
-    """Stands in for te_cudnn.autograd.attend to inspect what it is handed (never computes attention)."""
-
-    def __init__(self, fill: float = 1.0):
-        self.calls: list[tuple[tuple, dict]] = []
-        self.fill = fill
-
-    def __call__(self, q, k, v, attn_bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, *_, **extra):
-        # what the door asked for, as fused_attention's keyword options (those that differ from
-        # the defaults, besides the ones every call sets)
-        kw = {"attn_bias": attn_bias, "is_training": is_training, "qkv_layout": opts.qkv_layout,
-              "attn_mask_type": opts.attn_mask_type, "attn_scale": opts.attn_scale, "dropout": opts.dropout}
-        if opts.attn_bias_type != "no_bias":
-            kw["attn_bias_type"] = opts.attn_bias_type
-        if opts.window_size != (-1, -1):
-            kw["window_size"] = opts.window_size
-        if opts.softmax_type != "vanilla":
-            kw["softmax_type"], kw["softmax_offset"] = opts.softmax_type, extra.get("softmax_offset")
-        self.calls.append(((q, k, v), kw))
-        b, s, h, _ = q.shape
-        return torch.full((b, s, h, v.shape[-1]), self.fill, dtype=q.dtype)
-
-    @property
-    def last(self):
-        return self.calls[-1]
-
-
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = Recorder()
+    rec = AttendRecorder()
     monkeypatch.setattr(sdpa_mod, "attend", rec)
     return rec
 
