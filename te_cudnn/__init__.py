@@ -4,8 +4,8 @@ TransformerEngine-compatible ``fused_attn_fwd`` / ``fused_attn_bwd`` over cached
 plans, with declared sub-backend capabilities and explicit reasons when they decline.
 
 Layers (data flows down): ``enums`` -> ``layouts`` -> ``config`` -> ``backends`` ->
-``plans`` -> ``ops`` -> ``autograd``; ``reference`` is an unfused fp32 implementation of the
-same semantics.
+``plans`` -> ``prepared`` -> ``launchers`` / ``first_call`` -> ``ops`` -> ``autograd``;
+``reference`` is an unfused fp32 implementation of the same semantics.
 """
 
 from .autograd import AttnOptions, Fp8FusedAttnFunc, FusedAttnFunc, fp8_attention, fused_attention
@@ -32,7 +32,9 @@ from .enums import (
 from .decode import fused_attn_decode
 from .errors import CaptureMissError, GraphBuildError, MisalignedError, TeCudnnError, UnsupportedConfigError
 from .layouts import get_qkv_layout
-from .ops import Explanation, explain, fused_attn_bwd, fused_attn_fwd, get_fused_attn_backend, release_workspaces
+from .launch import release_workspaces
+from .ops import fused_attn_bwd, fused_attn_fwd
+from .selection import Explanation, explain, get_fused_attn_backend
 from .plans import plan_cache
 from .sdpa import scaled_dot_product_attention
 from .varlen import BatchLengths, reuse_lengths

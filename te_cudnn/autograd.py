@@ -266,7 +266,8 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
     eager mode :class:`FusedAttnFunc` over the plans when autograd records the call, else
     ``fused_attn_fwd`` itself (no autograd node to build; ``_prepared`` receives its prepared
     call, see te_cudnn.lean)."""
-    if not use_custom_ops() and not wants_grad(q, k, v, attn_bias, softmax_offset):
+    custom_ops = use_custom_ops()
+    if not custom_ops and not wants_grad(q, k, v, attn_bias, softmax_offset):
         o = opts
         out, _ = fused_attn_fwd(
             is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, q.dtype,
@@ -277,7 +278,7 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
             cu_seqlens_kv_padded=cu_seqlens_kv_padded, _prepared=_prepared,
         )  # fmt: skip
         return out
-    if use_custom_ops():
+    if custom_ops:
         if rng_gen is not None and _is_compiling():
             raise TypeError("rng_gen is not supported under torch.compile (dropout draws from the default CUDA "
                             "generator there); pass rng_gen=None")  # fmt: skip

@@ -44,7 +44,9 @@ from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
 from .launch import kept
-from .ops import _Prepared, _dependent_caches, _meta, _prepare_fwd, fwd_call_args
+from .first_call import _prepare_fwd
+from .ops import _meta, fwd_call_args
+from .prepared import _Prepared, _dependent_caches
 from .memo import SigMemo
 from .row_fill import fills_out
 from .plans.cache import next_tick
@@ -82,7 +84,7 @@ DECODE_PER_CALL = {
 }
 
 _memo = SigMemo(max_entries=1024)
-_dependent_caches.append(_memo)  # forgotten with the forward's memo (ops.forget_prepared)
+_dependent_caches.append(_memo)  # forgotten with the forward's memo (prepared.forget_prepared)
 
 
 def binding_order(paged: bool) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ import sys
 import torch
 
 from . import explain, fused_attn_bwd, fused_attn_fwd, plan_cache
+from .pipes import quiet_broken_pipe
 from .backends import BY_ENUM, Direction
 from .config import describe_shapes
 from .enums import FusedAttnBackend, QKVLayout
@@ -136,6 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import demo_main  # quiet when the output is cut short (| head)
-
-    sys.exit(demo_main())
+    sys.exit(quiet_broken_pipe(main))  # quiet when the output is cut short (| head)

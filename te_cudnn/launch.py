@@ -362,9 +362,9 @@ def check_operands(enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"check_operands takes a bool, got {type(enabled).__name__}")
     _check = enabled
-    ops = sys.modules.get(f"{__package__}.ops")
-    if ops is not None:
-        ops.forget_prepared()
+    prepared = sys.modules.get(f"{__package__}.prepared")
+    if prepared is not None:
+        prepared.forget_prepared()
 
 
 def checking_operands() -> bool:

@@ -31,6 +31,7 @@ __all__ = [
     "layout_strides",
     "alloc_output",
     "alloc_qkv_grads",
+    "grad_like",
     "packed_qkv_views",
     "get_qkv_layout",
 ]
@@ -197,17 +198,17 @@ def alloc_qkv_grads(
     if g == QKVLayoutGroup.L_H3D:
         buf = _empty((*q.shape[:-1], 3, q.shape[-1]), q, **kw)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
-    dq = _grad_like(q, **kw)
+    dq = grad_like(q, **kw)
     if g == QKVLayoutGroup.L_HD_2HD:
         dk, dv = packed_qkv_views(_empty((*k.shape[:-2], 2, *k.shape[-2:]), k, **kw), g)
     elif g == QKVLayoutGroup.L_HD_H2D:
         dk, dv = packed_qkv_views(_empty((*k.shape[:-1], 2, k.shape[-1]), k, **kw), g)
     else:
-        dk, dv = _grad_like(k, **kw), _grad_like(v, **kw)
+        dk, dv = grad_like(k, **kw), grad_like(v, **kw)
     return dq, dk, dv
 
 
-def _grad_like(t: torch.Tensor, zero: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+def grad_like(t: torch.Tensor, zero: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The gradient of a separate 4-d tensor in its own strides when it is dense (``empty_like``'s
     rule, as torch's SDPA backends do): autograd then accumulates it into ``.grad`` with a
     vectorised add instead of a strided copy. THD tensors (3-d) keep the packed token-major

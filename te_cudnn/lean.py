@@ -7,7 +7,7 @@ runs no dropout needs none of it again: it allocates the output in the door's ow
 (the drop-in's ``[b, h, s, d]`` view of ``[b, s, h, d]`` memory, the module's flattened heads)
 and launches the prepared plain forward, reading the inputs' pointers where they are. Every
 check that guards the answer stays: the signature equals a validated one, and the launch
-checks the pointers' 16-byte alignment (te_cudnn.ops.plain_fwd).
+checks the pointers' 16-byte alignment (te_cudnn.launchers.plain_fwd).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from .launch import is_capturing, kept
 from .memo import TEMPLATE_BYTES, SigMemo
-from .ops import _dependent_caches, plain_fwd
+from .prepared import _dependent_caches
+from .launchers import plain_fwd
 from .policy import token as policy_token
 
 __all__ = ["LeanDoor", "wants_grad", "policy_token"]

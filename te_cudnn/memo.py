@@ -23,7 +23,7 @@ __all__ = ["SigMemo", "held_bytes", "MAX_ENTRIES", "MAX_DEVICE_BYTES", "TEMPLATE
 MAX_ENTRIES = 4096
 #: Device bytes the entries of one memo may hold together (result templates, constants).
 MAX_DEVICE_BYTES = 64 << 20
-#: Result templates up to this size are real dense tensors (see te_cudnn.ops._template).
+#: Result templates up to this size are real dense tensors (see te_cudnn.prepared._template).
 TEMPLATE_BYTES = 16384
 
 _NO_LAST: tuple = ((), None)  # () equals no signature (different length: one comparison)

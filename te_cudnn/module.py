@@ -314,10 +314,10 @@ class DotProductAttention(torch.nn.Module):
                         return LeanDoor.run(entry, q, k, v)
             except (AttributeError, TypeError, MisalignedError):  # the full path below names what is wrong
                 sig = None
+        prepared: list = []  # the prepared forward, for the cached path
         out = self._forward(query_layer, key_layer, value_layer, attention_mask, qkv_format, cu_seqlens_q, cu_seqlens_kv,
                             max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, core_attention_bias_type,
-                            core_attention_bias, cu_seqlens_q_padded, cu_seqlens_kv_padded, fp8_meta,
-                            prepared := [])  # fmt: skip
+                            core_attention_bias, cu_seqlens_q_padded, cu_seqlens_kv_padded, fp8_meta, prepared)  # fmt: skip
         if sig is not None:
             _LEAN.learn(sig, prepared, out)
         return out

@@ -192,9 +192,9 @@ def reload_env(environ: Optional[Mapping[str, str]] = None) -> None:
     te_cudnn otherwise reads them once, at import."""
     global _ENV
     _ENV = _read_env(os.environ if environ is None else environ)
-    ops = sys.modules.get(f"{__package__}.ops")
-    if ops is not None:  # prepared calls key on the context token only; the environment is global
-        ops.forget_prepared()
+    prepared = sys.modules.get(f"{__package__}.prepared")
+    if prepared is not None:  # prepared calls key on the context token only; the environment is global
+        prepared.forget_prepared()
 
 
 # ------------------------------------------------------------------------------- resolution

@@ -36,11 +36,13 @@ import torch
 from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
 from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
-from . import ops as _ops
+from . import prepared as _prepared_calls
 from .launch import is_capturing as _is_capturing
 from .launch import kept
-from .ops import _device_rng_state, fused_attn_bwd, fused_attn_fwd, plain_bwd, plain_fwd
+from .launchers import plain_bwd, plain_fwd
+from .ops import fused_attn_bwd, fused_attn_fwd
 from .policy import token as _policy_token
+from .rng import _device_rng_state
 
 __all__ = ["attention", "fp8_attention", "use_custom_ops", "unpack_grads", "op_config", "parse_op_config", "OpConfig", "OPS"]
 
@@ -260,7 +262,7 @@ def _heads(q: torch.Tensor, qkv_layout: str) -> int:
 _fwd_launchers: dict = {}
 _bwd_launchers: dict = {}
 _LAUNCHER_LIMIT = 1024
-_ops._dependent_caches += [_fwd_launchers, _bwd_launchers]  # forgotten with ops' memos (policy.reload_env)
+_prepared_calls._dependent_caches += [_fwd_launchers, _bwd_launchers]  # forgotten with the memos (policy.reload_env)
 
 
 def _keep(cache: dict, key: tuple, prepared: list) -> None:

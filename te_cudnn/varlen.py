@@ -30,7 +30,7 @@ from .ragged import every_key_lens
 from .row_fill import Lengths, fills_grads, fills_out, length_remap
 
 if TYPE_CHECKING:
-    from .ops import _Prepared
+    from .prepared import _Prepared
 
 __all__ = ["BatchLengths", "buffers_for", "reuse_lengths", "check_runtime_tensors", "cached_runtime_buffers",
            "runtime_buffers", "runtime_kind", "length_fields", "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip

@@ -372,7 +372,7 @@ def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, spl
     """The split path (as a tuning record chooses it) gives the whole call's gradients and
     amaxes: zero-copy views of the batch or of whole GQA head groups, results in place."""
     import te_cudnn
-    import te_cudnn.ops as ops_mod
+    import te_cudnn.launchers as launchers
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(b, 512, h, 128, device="cuda", generator=g).bfloat16()
@@ -391,9 +391,9 @@ def test_fp8_backward_in_parts_matches_the_whole_call(monkeypatch, b, h, hg, spl
 
     whole, meta_whole = run()
     calls = []
-    real = ops_mod._split_bwd
-    monkeypatch.setattr(ops_mod, "chosen_split", lambda record: split)
-    monkeypatch.setattr(ops_mod, "_split_bwd", lambda *a: calls.append(a[1]) or real(*a))
+    real = launchers._split_bwd
+    monkeypatch.setattr(launchers, "chosen_split", lambda record: split)
+    monkeypatch.setattr(launchers, "_split_bwd", lambda *a: calls.append(a[1]) or real(*a))
     parts, meta_parts = run()
     assert calls == [split]
     for name, x, y in zip(("dq", "dk", "dv"), parts, whole):

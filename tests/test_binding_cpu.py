@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import pytest
 import torch
 
-from te_cudnn import ops
+from te_cudnn import first_call, launchers, ops
 from te_cudnn import varlen
 from te_cudnn.backends import Direction, Uid
 from te_cudnn.enums import META_DO, META_DP, META_DQKV, META_O, META_QKV, META_S, FusedAttnBackend, QKVLayout
@@ -74,7 +74,7 @@ LENS = [40, 64]  # per-sequence lengths of the padding masks (the second fills i
 @pytest.fixture
 def launches(monkeypatch):
     """The tensors each launch is given (a launch with ``rng_state`` binds its seed and offset
-    after them, as ops._execute does), with plan building and the device stood in."""
+    after them, as launch.execute does), with plan building and the device stood in."""
     calls: list[list[torch.Tensor]] = []
 
     def execute(plan, buffers, device, checked=(), rng_state=None):
@@ -82,10 +82,10 @@ def launches(monkeypatch):
 
     plan = SimpleNamespace(launch=SimpleNamespace(mode="ordered"), tuning=None, evicted=False, hits=0, last_used=0,
                            workspace_size=0)  # fmt: skip
-    monkeypatch.setattr(ops, "_require_cuda", lambda cfg, q: ENV)
+    monkeypatch.setattr(first_call, "_require_cuda", lambda cfg, q: ENV)
     monkeypatch.setattr(varlen, "current_raw_stream", lambda index: 0)
     monkeypatch.setattr(ops._Prepared, "get_plan", lambda self: plan)
-    monkeypatch.setattr(ops, "_execute", execute)
+    monkeypatch.setattr(launchers, "_execute", execute)
     ops.forget_prepared()
     varlen.clear()
     yield calls

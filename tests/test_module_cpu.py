@@ -509,9 +509,9 @@ def test_cpu_forward_needs_cuda(fmt: str) -> None:
 def test_cpu_forward_reaches_the_eager_core(monkeypatch) -> None:
     """With the capture probe answering (as on CUDA builds), a CPU forward takes the eager path
     (FusedAttnFunc over the plans), which names the device."""
-    from te_cudnn import ops
+    from te_cudnn import first_call
 
-    monkeypatch.setattr(ops, "_is_capturing", lambda: False)
+    monkeypatch.setattr(first_call, "_is_capturing", lambda: False)
     monkeypatch.setattr(torch_ops, "_is_capturing", lambda: False)
     assert torch_ops.use_custom_ops() is torch_ops._FORCE_OPS
     if torch_ops._FORCE_OPS:

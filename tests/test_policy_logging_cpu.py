@@ -4,7 +4,7 @@ logging on the ``"te_cudnn"`` logger; CPU only.
 Selection is checked through ``te_cudnn.policy.select`` (the declared rules of
 ``te_cudnn.backends`` under the policy; what ``fused_attn_fwd`` / ``fused_attn_bwd`` call) and
 ``explain`` against the measured Hopper machine (``HOPPER_CUDNN_919``). The per-signature path of ``fused_attn_fwd`` / ``fused_attn_bwd`` is
-reached on CPU tensors by standing in for the device check (``ops._require_cuda``) and stopping
+reached on CPU tensors by standing in for the device check (``first_call._require_cuda``) and stopping
 at the plan lookup (``_Prepared.get_plan``): that is where a GPU would take over.
 """
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import te_cudnn
-from te_cudnn import FusedAttnBackend, UnsupportedConfigError, ops, policy
+from te_cudnn import FusedAttnBackend, UnsupportedConfigError, first_call, ops, policy, prepared
 from te_cudnn import backends
 from te_cudnn.backends import Direction
 from te_cudnn.config import describe_shapes
@@ -428,10 +428,12 @@ class _Stop(Exception):
 def cpu_prepare(monkeypatch):
     """fused_attn_fwd / fused_attn_bwd on CPU tensors up to the plan lookup: the device check
     answers with the Hopper environment; fresh memos; counts the prepares."""
-    monkeypatch.setattr(ops, "_require_cuda", lambda cfg, q: HOPPER_CUDNN_919)
-    monkeypatch.setattr(ops, "_is_capturing", lambda: False)  # CPU-only torch has no capture query
-    monkeypatch.setattr(ops, "_fwd_memo", ops.SigMemo())
-    monkeypatch.setattr(ops, "_bwd_memo", ops.SigMemo())
+    monkeypatch.setattr(first_call, "_require_cuda", lambda cfg, q: HOPPER_CUDNN_919)
+    monkeypatch.setattr(first_call, "_is_capturing", lambda: False)  # CPU-only torch has no capture query
+    memos = {"_fwd_memo": ops.SigMemo(), "_bwd_memo": ops.SigMemo()}
+    for module in (ops, first_call, prepared):  # looked up, filled and cleared (forget_prepared) there
+        for name, memo in memos.items():
+            monkeypatch.setattr(module, name, memo)
 
     def stop(self):
         raise _Stop(self.backend.name)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import te_cudnn as tc
-from te_cudnn import ops
+from te_cudnn import launchers, ops
 from te_cudnn import launch
 from te_cudnn.enums import QKVLayout
 from te_cudnn.reference import attention_reference
@@ -53,13 +53,13 @@ def test_bias_broadcast_over_queries_111s_inference(skv):
 
 def _spy_execute(monkeypatch):
     seen = []
-    real = ops._execute
+    real = launchers._execute
 
     def spy(plan, buffers, device, checked=False):
         seen.append([t.data_ptr() for t in buffers])
         return real(plan, buffers, device, checked)
 
-    monkeypatch.setattr(ops, "_execute", spy)
+    monkeypatch.setattr(launchers, "_execute", spy)
     return seen
 
 

@@ -60,7 +60,8 @@ def test_sink_graphs_validate_for_every_core_layout(layout, softmax, gqa):
     for direction in Direction:
         spec = ARB.build(cfg, direction)
         spec.graph.validate()
-        # learnable: d_softmax_offset comes from cuDNN's graph for THD; dense, te_cudnn computes it (ops._sink_grad)
+        # learnable: d_softmax_offset comes from cuDNN's graph for THD; dense, te_cudnn computes it
+        # (launchers._sink_grad)
         in_graph = direction == Direction.BWD and softmax == "learnable" and layout_info(layout).q_format == QKVFormat.thd
         assert cfg.dsink_in_graph == (softmax == "learnable" and layout_info(layout).q_format == QKVFormat.thd)
         sink = [Uid.SINK, Uid.DSINK] if in_graph else [Uid.SINK]

@@ -173,13 +173,14 @@ def test_splittable_excludes_dropout_and_sinks():
 
 
 def test_split_backward_binds_each_parts_views_in_the_graphs_order_and_combines_the_amaxes(monkeypatch):
-    """ops._split_bwd with the plan and the launch stood in (no GPU): each part binds views of the
+    """launchers._split_bwd with the plan and the launch stood in (no GPU): each part binds views of the
     full q, k, v, O, stats, dO and gradients (no copies) in the FP8 backward graph's order, then the
     shared scales and its own amax row; the caller's slots get the maximum over the parts."""
     from types import SimpleNamespace
 
-    from te_cudnn import ops
+    from te_cudnn import launchers
     from te_cudnn.config import describe_shapes
+    from te_cudnn.fp8_operands import fp8_bwd_scales
     from te_cudnn.enums import META_DP, META_DQKV
 
     b, s, h, hg, d = 2, 8, 4, 2, 16
@@ -192,7 +193,7 @@ def test_split_backward_binds_each_parts_views_in_the_graphs_order_and_combines_
     k, v = (torch.zeros(b, s, hg, d, dtype=fp8) for _ in range(2))
     stats = torch.zeros(b, h, s, 1)
     table = torch.arange(6, dtype=torch.float32)
-    scales = ops.fp8_bwd_scales(*[x for i in range(8) for x in (table, i % 6)])
+    scales = fp8_bwd_scales(*[x for i in range(8) for x in (table, i % 6)])
     amax_dp, amax_dqkv = torch.zeros(6), torch.zeros(6)
     bound: list[list[torch.Tensor]] = []
 
@@ -202,10 +203,10 @@ def test_split_backward_binds_each_parts_views_in_the_graphs_order_and_combines_
         for view, value in zip(views[21:25], (1 + i, 10 + i, 5, 7 - i)):
             view.fill_(value)
 
-    monkeypatch.setattr(ops, "_part_plan", lambda prep, split: "plan")
-    monkeypatch.setattr(ops, "_execute", launch)
+    monkeypatch.setattr(launchers, "_part_plan", lambda prep, split: "plan")
+    monkeypatch.setattr(launchers, "_execute", launch)
     prep = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), varlen=False)
-    dq, dk, dv, dbias, d_sink = ops._split_bwd(prep, ("batch", 2), [q, k, v, o, stats, d_o], scales, [],
+    dq, dk, dv, dbias, d_sink = launchers._split_bwd(prep, ("batch", 2), [q, k, v, o, stats, d_o], scales, [],
                                                amax_dp.narrow(0, META_DP, 1), amax_dqkv.narrow(0, META_DQKV, 1))
     assert (dq.shape, dk.shape, dv.shape, dbias, d_sink) == (q.shape, k.shape, v.shape, None, None)
     assert len(bound) == 2

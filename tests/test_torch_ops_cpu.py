@@ -369,9 +369,9 @@ def test_fp8_bwd_fake(case: str, out_dtype: torch.dtype) -> None:
 def test_fp8_packed_layout_passes_validation(monkeypatch) -> None:
     """FP8 attention of packed bf16 views (qkv_layout='bs3hd', a layout the FP8 sub-backend
     serves) should get through validation and then need a GPU."""
-    from te_cudnn import ops
+    from te_cudnn import first_call
 
-    monkeypatch.setattr(ops, "_is_capturing", lambda: False)  # the CPU-only capture-probe bug, out of the way
+    monkeypatch.setattr(first_call, "_is_capturing", lambda: False)  # the CPU-only capture-probe bug, out of the way
     q, k, v, layout, _ = _fp8_inputs("bs3hd-packed", "cpu")
     meta = Fp8AttentionMeta(device="cpu")
     args = (q, k, v, None, None, *_meta_tensors(meta), 16, 16, layout, "causal", None, None, False)

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 import te_cudnn as tc
-from te_cudnn import launch, ops
+from te_cudnn import launch, launchers, ops
 from te_cudnn.benchmark.handbuilt import HandGraphs
 
 from host_problem import host_problem  # tools/ (on sys.path when run as a script)
@@ -86,10 +86,12 @@ def main(argv=None) -> int:
     arr = array("Q", ptrs)  # kept alive: the lambda below reads its address
     arr_addr = arr.buffer_info()[0]
     nothing = lambda: None  # noqa: E731
-    real_launch, real_plain = ops._launch, ops.plain_fwd
+    real_launch, real_plain = launchers._launch, ops.plain_fwd
 
-    def patch(name: str, value: object) -> Callable[[], None]:
-        return lambda: setattr(ops, name, value)
+    def patch(module: object, name: str, value: object) -> Callable[[], None]:
+        """Set ``name`` where its caller looks it up: the launch in te_cudnn.launchers (plain_fwd's
+        module), plain_fwd in te_cudnn.ops (fused_attn_fwd's)."""
+        return lambda: setattr(module, name, value)
 
     fns = {
         "bare graph.execute(dict), no stats (benchmark yardstick)":
@@ -107,10 +109,10 @@ def main(argv=None) -> int:
              nothing, nothing),
         "te_cudnn fused_attn_fwd, launch a no-op":
             (lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw),
-             patch("_launch", lambda *x, **y: None), patch("_launch", real_launch)),
+             patch(launchers, "_launch", lambda *x, **y: None), patch(launchers, "_launch", real_launch)),
         "te_cudnn fused_attn_fwd, signature lookup only":
             (lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw),
-             patch("plain_fwd", lambda *x, **y: None), patch("plain_fwd", real_plain)),
+             patch(ops, "plain_fwd", lambda *x, **y: None), patch(ops, "plain_fwd", real_plain)),
         "two empty_like (O, stats)":
             (lambda: (torch.empty_like(q), torch.empty_like(prep.stats_template)), nothing, nothing),
         "te_cudnn _execute (buffers built before)":
@@ -134,8 +136,8 @@ def main(argv=None) -> int:
             (lambda: torch.empty_strided(st_shape, st_stride, dtype=torch.float32, device=dev), nothing, nothing),
         "alloc: new_empty(shape)": (lambda: st_pre.new_empty(st_shape), nothing, nothing),
         "piece: plain_fwd, results given, launch a no-op":
-            (lambda: ops.plain_fwd(prep, q, k, v, o_pre, st_pre), patch("_launch", lambda *x, **y: None),
-             patch("_launch", real_launch)),
+            (lambda: ops.plain_fwd(prep, q, k, v, o_pre, st_pre), patch(launchers, "_launch", lambda *x, **y: None),
+             patch(launchers, "_launch", real_launch)),
     }
     us = timed(fns, a.rounds, a.calls)
     width = max(map(len, us))

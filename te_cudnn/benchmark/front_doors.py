@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import te_cudnn as tc
 
-from .measure import event_ms, host_medians
+from ..timing import event_ms, host_medians
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 

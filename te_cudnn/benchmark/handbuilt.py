@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .cases import Case
-from .contenders import Contender, Run
+from .contender import Contender, Run
 from .inputs import Inputs
 
 __all__ = ["HandGraphs", "HandBuilt", "HandBuiltRun", "HandBuiltAllocatingRun"]

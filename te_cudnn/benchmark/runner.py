@@ -25,7 +25,7 @@ import torch
 
 from ..plans.cache import forget_stores
 from .cases import Case
-from .contenders import Contender
+from .contender import Contender
 from .handbuilt import HandGraphs
 from .inputs import make_inputs, tensor_bytes
 from .measure import (EAGER_LEAD, adjacent_ratios, capture, copy_bandwidth_gbps, eager_sampler, event_ms,

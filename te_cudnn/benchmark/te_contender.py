@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .cases import Case
-from .contenders import Contender, Run
+from .contender import Contender, Run
 from .inputs import Inputs
 
 __all__ = ["TeCudnn", "TeCudnnRun", "TeCudnnDecode", "TeCudnnDecodeRun", "autotuning_context", "AUTOTUNE_DEFAULT_CASES"]

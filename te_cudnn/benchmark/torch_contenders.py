@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 
 from .cases import Case
-from .contenders import Contender, Run
+from .contender import Contender, Run
 from .inputs import Inputs
 
 __all__ = ["TorchSdpa", "SdpaRun", "FlexAttention", "FlexRun", "FLEX_DEFAULT_CASES"]

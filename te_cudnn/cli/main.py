@@ -35,6 +35,7 @@ from ..benchmark.cli import register as register_bench
 from ..errors import UnsupportedConfigError
 from ..plans.store import SUFFIX
 from ..runtime import format_versions
+from ..pipes import EXIT_BROKEN_PIPE, quiet_broken_pipe
 from .common import DTYPE_NAMES, EXIT_FAILED, EXIT_USAGE, CliError, one_line
 from .configs import cmd_tune, cmd_warm, warm_epilog
 from .explain import cmd_explain
@@ -220,31 +221,6 @@ def _run(argv: Optional[list[str]]) -> int:
             message, code = _unexpected(exc)
     print(f"te-cudnn: {one_line(message)}", file=sys.stderr)
     return code
-
-
-#: The exit code when the reader of the output went away (``te-cudnn plans list | head``): a
-#: shell's for a process that SIGPIPE ended, without its traceback.
-EXIT_BROKEN_PIPE = 128 + 13
-
-
-def quiet_broken_pipe(run: Callable[[], int]) -> int:
-    """``run()``'s exit code; when the output's reader closed the pipe (``| head``), stop
-    quietly with :data:`EXIT_BROKEN_PIPE` instead of a traceback (and instead of Python's
-    "Exception ignored ... BrokenPipeError" when it flushes stdout at exit)."""
-    try:
-        try:
-            code = run()
-        except SystemExit:  # --help, --version and usage errors print, then exit
-            sys.stdout.flush()
-            raise
-        sys.stdout.flush()  # inside the try: a pipe's buffered output fails here, not at exit
-        return code
-    except BrokenPipeError:
-        try:  # what is still buffered goes nowhere, quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return EXIT_BROKEN_PIPE
 
 
 def main(argv: Optional[list[str]] = None) -> int:

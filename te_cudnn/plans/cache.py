@@ -309,7 +309,7 @@ def _log_landed(plan: CompiledPlan) -> None:
 
 
 def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
-    """DEBUG, once per new call signature (``ops._prepare_*``): whether the plan for ``key`` is
+    """DEBUG, once per new call signature (``first_call._prepare_*``): whether the plan for ``key`` is
     already cached (a hit) or is built or loaded at the first launch (then logged at INFO)."""
     if not _log.isEnabledFor(logging.DEBUG):
         return

@@ -1,308 +1,33 @@
-"""One frozen, validated description of a fused-attention call.
-
-:class:`AttnConfig` holds everything that decides which cuDNN graph serves a call (shapes,
-strides, dtypes, layout, mask, bias, dropout, window, scale, determinism, device) and
-nothing that does not (tensor values, pointers). It is built once per distinct call
-signature by :func:`describe_fwd` / :func:`describe_bwd`, which are also where malformed
-input is rejected with ``ValueError`` / ``TypeError`` naming the argument and its value.
-Strings become enums here, at the boundary.
-"""
+"""A call described from its tensors and options: :func:`describe_fwd` validates a forward
+call (dense, THD, mixed and paged layouts), :func:`describe_bwd` the backward-only arguments
+on top of the forward's description. One concern per helper: the tensors' kinds, the sizes,
+the strides and packing, the sequence tensors, the results' strides, the bias, the scalar
+options."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Optional, Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
-from .layouts import alloc_qkv_grads, bhsd_dims, get_qkv_layout, layout_info
-from .ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
-
-__all__ = ["AttnConfig", "describe_fwd", "describe_bwd", "describe_shapes", "check_softmax_offset", "F16_DTYPES", "FP8_DTYPES"]
-
-F16_DTYPES = (torch.float16, torch.bfloat16)
-FP8_DTYPES = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d)
-_ALIGN_BYTES = 16  # cuDNN SDPA needs 16-byte aligned strides and pointers (frontend #1571)
-
-
-@dataclass(frozen=True)
-class AttnConfig:
-    """A validated fused-attention call. Dims are logical BHSD; strides are in elements."""
-
-    dtype: torch.dtype
-    layout: QKVLayout
-    b: int
-    h: int
-    hg: int
-    sq: int
-    skv: int
-    d_qk: int
-    d_v: int
-    q_stride: tuple[int, ...]
-    k_stride: tuple[int, ...]
-    v_stride: tuple[int, ...]
-    o_stride: tuple[int, ...]
-    mask: AttnMaskType
-    bias_type: AttnBiasType
-    bias_shape: Optional[tuple[int, ...]]
-    bias_stride: Optional[tuple[int, ...]]
-    softmax_type: SoftmaxType
-    dropout: float
-    is_training: bool
-    window: tuple[int, int]
-    bottom_right_diagonal: bool
-    attn_scale: float
-    deterministic: bool
-    device: int  # CUDA device index; -1 for CPU/meta tensors (describe and validate only)
-    do_stride: Optional[tuple[int, ...]] = None  # backward only
-    # Variable-length (THD) sides: b, sq/skv above are then buckets (see te_cudnn.ragged), the
-    # batch stride is a placeholder and ragged offsets address the tokens.
-    ragged_q: bool = False
-    ragged_kv: bool = False
-    max_total_q: int = 0  # token-capacity bucket of a ragged q side
-    max_total_kv: int = 0
-    stats_stride: tuple[int, ...] = ()
-    grad_strides: tuple[tuple[int, ...], ...] = ()  # dq, dk, dv as allocated, BHSD
-    # Paged KV cache: (num_pages, page_size, max_pages_per_seq); k/v strides are the caches'
-    # ([num_pages, hg, page_size, d] in BHSD order) and skv is max_seqlen_kv.
-    paged: Optional[tuple[int, int, int]] = None
-    do_dtype: Optional[torch.dtype] = None  # backward: dO (and, for FP8, dQ/dK/dV) dtype when it differs
-    # backward: aux_ctx_tensors[0] is the full softmax S [b, h, sq, skv] a max512 forward saved
-    # (io dtype), not the fp32 softmax stats the flash sub-backends save
-    saved_softmax: bool = False
-    # A zero-size call (a batch, sequence, token count or max_seqlen of 0): answered without
-    # cuDNN (see te_cudnn.empty); such a configuration never reaches a graph.
-    empty: bool = False
-    # The caller's post-scale bias has strides (or a start address) cuDNN cannot take: it is
-    # copied into an aligned buffer with ``bias_stride`` (the one place the fused path copies).
-    bias_copy: bool = False
-    # Forward: also output the per-row maximum logit (TE 2.x ``return_max_logit``, for QK-clip).
-    return_max_logit: bool = False
-    # TE 2.x ``cuda_graph``: the call runs in a CUDA graph. Changes eligibility only (cuDNN bug
-    # workarounds), never the graph; plan keys drop it.
-    cuda_graph: bool = False
-
-    @property
-    def is_ragged(self) -> bool:
-        return self.ragged_q or self.ragged_kv
-
-    @property
-    def is_gqa(self) -> bool:
-        return self.h != self.hg
-
-    @property
-    def has_window(self) -> bool:
-        """A band beyond what the mask itself implies (left bound set, or right > 0)."""
-        return self.window[0] >= 0 or self.window[1] > 0
-
-    @property
-    def has_dropout(self) -> bool:
-        return self.is_training and self.dropout > 0.0
-
-    @property
-    def has_sink(self) -> bool:
-        """A sink logit in the softmax denominator (off_by_one: 0, learnable: the offset)."""
-        return self.softmax_type != SoftmaxType.vanilla
-
-    @property
-    def has_dsink(self) -> bool:
-        """The backward produces d_softmax_offset (learnable sinks only)."""
-        return self.softmax_type == SoftmaxType.learnable
-
-    @property
-    def dsink_in_graph(self) -> bool:
-        """cuDNN's backward graph computes d_softmax_offset (``dSink_token``) itself. Only for THD
-        and FP8: for dense F16 tensors te_cudnn computes it after the graph (te_cudnn.sink_grad:
-        cuDNN 9.19's dSink made the gpt-oss backward 1.4-2.2x slower and was not bit-reproducible
-        under ``deterministic=True``; measured on H100)."""
-        return self.has_dsink and (self.ragged_q or self.dtype in FP8_DTYPES)
-
-    @property
-    def has_dbias(self) -> bool:
-        """cuDNN produces dBias unless the bias broadcasts over b, h and sq (TE's 111s rule)."""
-        return self.bias_type == AttnBiasType.post_scale_bias and self.bias_shape is not None and self.bias_shape[:3] != (1, 1, 1)
-
-    def for_backward(self, do_stride: tuple[int, ...], deterministic: bool) -> "AttnConfig":
-        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic, return_max_logit=False)
-
-    def summary(self) -> str:
-        """One line for error messages."""
-        parts = [
-            f"{self.layout.name} {str(self.dtype).removeprefix('torch.')}",
-            f"b={self.b} h={self.h} hg={self.hg} sq={self.sq} skv={self.skv} d_qk={self.d_qk} d_v={self.d_v}",
-            f"mask={self.mask.name} bias={self.bias_type.name}"
-            + (f"{list(self.bias_shape)}" if self.bias_shape else ""),
-        ]
-        if self.has_window:
-            parts.append(f"window={self.window}")
-        if self.has_dropout:
-            parts.append(f"dropout={self.dropout}")
-        if self.softmax_type != SoftmaxType.vanilla:
-            parts.append(f"softmax={self.softmax_type.name}")
-        if self.return_max_logit:
-            parts.append("return_max_logit")
-        if self.deterministic:
-            parts.append("deterministic")
-        parts.append("training" if self.is_training else "inference")
-        return ", ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# validation helpers: each raises ValueError/TypeError naming the argument
-# --------------------------------------------------------------------------------------------
-
-
-def _array_like(value: Any) -> bool:
-    """An array of another library (numpy, cupy, jax, ...): it has a shape and a dtype."""
-    return not isinstance(value, torch.Tensor) and hasattr(value, "shape") and hasattr(value, "dtype")
-
-
-def _value(value: Any) -> str:
-    """A short, one-line description of a wrong value for a message: its type and repr (an
-    array's type, shape and dtype: never its elements)."""
-    if isinstance(value, torch.Tensor):
-        kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
-        if kind != "strided":  # sparse and nested tensors have no (plain) shape
-            return f"a {kind} {str(value.dtype).removeprefix('torch.')} tensor"
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)} on {value.device}"
-    if _array_like(value):
-        kind = type(value)
-        module = kind.__module__.split(".")[0]
-        try:
-            shape = list(value.shape)
-        except TypeError:
-            shape = value.shape
-        return f"{module}.{kind.__name__} of shape {shape} and dtype {value.dtype}"
-    text = " ".join(repr(value).split())
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def _tensor(name: str, t: Any) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        hint = f'; convert it with torch.as_tensor({name}, device="cuda")' if _array_like(t) else ""
-        raise TypeError(f"{name} must be a torch.Tensor, got {_value(t)}{hint}")
-    if t.is_nested or t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {_value(t)}")
-    return t
-
-
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.type == "cuda" and t.device.index is not None else (0 if t.device.type == "cuda" else -1)
-
-
-def _same_device(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
-    if t.device != q.device:
-        raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all tensors must share one device")
-
-
-def _cudnn_can_read(t: torch.Tensor) -> bool:
-    """cuDNN reads ``t`` in place: unit-stride last dim, 16-byte multiples for the other
-    strides (dims of size 1 excepted) and a 16-byte aligned start."""
-    esize, stride = t.element_size(), t.stride()
-    if t.shape[-1] > 1 and stride[-1] != 1:
-        return False
-    if any(n > 1 and (s * esize) % _ALIGN_BYTES for n, s in zip(t.shape[:-1], stride[:-1])):
-        return False
-    return t.device.type == "meta" or t.data_ptr() % _ALIGN_BYTES == 0
-
-
-def aligned_contiguous_strides(shape: Sequence[int], element_size: int) -> tuple[int, ...]:
-    """Contiguous strides for ``shape`` with the last dim padded to 16 bytes: the buffer an
-    unaligned bias is copied into."""
-    per = _ALIGN_BYTES // element_size
-    row = -(-shape[-1] // per) * per
-    out = [1, row]
-    for n in reversed(shape[1:-1]):
-        out.append(out[-1] * n)
-    return tuple(reversed(out))
-
-
-def _check_strides(name: str, t: torch.Tensor) -> None:
-    """Unit-stride last dim; 16-byte multiples for the other strides. A head dim whose rows
-    are not 16-byte multiples (d = 7 in bf16) is not a stride problem: it is left to the
-    sub-backends' head-dim rule, which reports it as the head dimension."""
-    stride = t.stride()
-    if t.numel() == 0:  # an empty tensor (autograd hands zero-stride gradients for them) has no memory to read
-        return
-    if stride[-1] != 1:
-        raise ValueError(
-            f"{name} must have a unit-stride last dimension, got shape {tuple(t.shape)} stride {tuple(stride)}"
-        )
-    esize = t.element_size()
-    if (t.shape[-1] * esize) % _ALIGN_BYTES:
-        return
-    bad = [s for n, s in zip(t.shape[:-1], stride[:-1]) if n > 1 and (s * esize) % _ALIGN_BYTES]
-    if bad:
-        raise ValueError(
-            f"{name} has shape {tuple(t.shape)} and strides {tuple(stride)} ({esize}-byte elements); cuDNN needs "
-            f"every stride but the last to be a multiple of {_ALIGN_BYTES} bytes (stride {bad[0]} is "
-            f"{bad[0] * esize} bytes): pass {name}.contiguous() or a view of a buffer with such strides"
-        )
-
-
-def _check_cu_seqlens(name: str, t: Optional[torch.Tensor], b: int, q: torch.Tensor, required: bool,
-                      needed_by: str = "padding masks") -> None:  # fmt: skip
-    if t is None:
-        if required:
-            raise ValueError(f"{name} is required for {needed_by} (int32 [b+1] = [{b + 1}])")
-        return
-    _tensor(name, t)
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {t.dtype} (an int32 [b+1] = [{b + 1}] tensor on q's device)")
-    if t.dim() != 1 or t.shape[0] != b + 1:
-        raise ValueError(f"{name} must have shape [b+1] = [{b + 1}], got {list(t.shape)}")
-    _same_device(name, t, q)
-
-
-def _scalar(name: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {_value(value)}")
-    return kind(value)
-
-
-def _window(window_size: Any, mask: AttnMaskType) -> tuple[int, int]:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise ValueError(f"window_size must be a (left, right) pair of ints, got {_value(window_size)}")
-    if any(isinstance(w, bool) or not isinstance(w, int) for w in window_size):
-        raise TypeError(f"window_size must hold two ints (-1 means unbounded), got ({', '.join(map(_value, window_size))})")
-    left, right = (int(w) for w in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size={tuple(window_size)} entries must be >= -1 (-1 means unbounded)")
-    if mask.is_causal:
-        if right not in (-1, 0):
-            raise ValueError(
-                f"window_size={tuple(window_size)} has right={right} but attn_mask_type={mask.name} allows no keys "
-                "right of the diagonal; use right=0 or -1"
-            )
-        right = 0
-    return left, right
-
-
-def _geometry(
-    fmt: QKVFormat, name: str, t: torch.Tensor, b_graph: int, s_graph: Optional[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Logical BHSD dims and strides a graph declares for tensor ``t`` in format ``fmt``.
-
-    THD tensors ``[t, h, d]`` become ``[b_graph, h, s_graph, d]`` with a placeholder batch
-    stride; ragged offsets (tokens x token stride) place each sequence.
-    """
-    if fmt == QKVFormat.thd:
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-d [t, h, d] in format thd, got shape {list(t.shape)}")
-        tok, head = t.stride(0), t.stride(1)
-        return (b_graph, t.shape[1], s_graph, t.shape[2]), (s_graph * tok, head, tok, 1)
-    if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-d in format {fmt.name}, got shape {list(t.shape)}")
-    return bhsd_dims(fmt, t.shape, t.stride())
-
-
-def _contiguous_bhsd(fmt: QKVFormat, b: int, h: int, s: int, d: int) -> tuple[int, ...]:
-    """BHSD strides of a contiguous tensor in ``fmt`` (how results are allocated)."""
-    if fmt == QKVFormat.sbhd:
-        return (h * d, d, b * h * d, 1)
-    return (s * h * d, d, h * d, 1)
+from ..enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
+from ..layouts import alloc_qkv_grads, get_qkv_layout, layout_info
+from ..ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
+from .checks import (
+    _check_cu_seqlens,
+    _check_strides,
+    _device_index,
+    _same_device,
+    _scalar,
+    _tensor,
+    _value,
+    _window,
+    check_softmax_offset,
+)
+from .description import F16_DTYPES, FP8_DTYPES, AttnConfig
+from .geometry import _contiguous_bhsd, _cudnn_can_read, _geometry, aligned_contiguous_strides
 
 
 def _layout_hint(layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int,
@@ -623,7 +348,7 @@ def _result_strides(layout: QKVLayout, z: _Sizes) -> tuple[tuple, tuple]:
 
 def _describe_bias(bias_type: AttnBiasType, attn_bias: Optional[torch.Tensor], q: torch.Tensor, z: _Sizes) -> tuple:
     """``(bias_shape, bias_stride, bias_copy)``: a post-scale bias broadcastable to [b, h, sq, skv]
-    in q's dtype and device; ``bias_copy`` when cuDNN cannot read it in place (see ops)."""
+    in q's dtype and device; ``bias_copy`` when cuDNN cannot read it in place (see te_cudnn.launchers)."""
     if bias_type not in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
         if attn_bias is not None:
             raise ValueError(f"attn_bias was given but attn_bias_type={bias_type.name}; pass attn_bias_type='post_scale_bias'")
@@ -643,7 +368,7 @@ def _describe_bias(bias_type: AttnBiasType, attn_bias: Optional[torch.Tensor], q
         )
     if _cudnn_can_read(attn_bias):
         return shape, tuple(attn_bias.stride()), False
-    # ops copies it into a buffer with these (aligned) strides; dBias comes back in the caller's
+    # launchers copies it into a buffer with these (aligned) strides; dBias comes back in the caller's
     return shape, aligned_contiguous_strides(shape, attn_bias.element_size()), True
 
 
@@ -666,28 +391,6 @@ def _describe_scalars(is_training: bool, attn_scale: Any, d_qk: int, dropout: An
     elif not isinstance(bottom_right_diagonal, bool):
         raise TypeError(f"bottom_right_diagonal must be a bool or None, got {type(bottom_right_diagonal).__name__}")
     return attn_scale, dropout, window, bottom_right_diagonal
-
-
-def check_softmax_offset(softmax: SoftmaxType, offset: Any, h: int, q: torch.Tensor, name: str = "softmax_offset") -> None:
-    """TE 2.x's sink tensor: fp32 ``[1, h, 1, 1]`` (contiguous, 16-byte aligned, on q's device);
-    required for ``learnable``, optional for ``off_by_one`` (zeros), refused for ``vanilla``."""
-    if offset is None:
-        if softmax == SoftmaxType.learnable:
-            raise ValueError(f"softmax_type='learnable' needs {name}: the per-head sink logits, float32 [1, {h}, 1, 1]")
-        return
-    if softmax == SoftmaxType.vanilla:
-        raise ValueError(f"{name} was given but softmax_type='vanilla'; pass softmax_type='learnable' (or "
-                         "'off_by_one', whose offset is zeros) to use attention sinks")  # fmt: skip
-    _tensor(name, offset)
-    if offset.dtype != torch.float32 or tuple(offset.shape) != (1, h, 1, 1):
-        raise ValueError(f"{name} must be a float32 [1, {h}, 1, 1] tensor (one sink logit per query head), got "
-                         f"{str(offset.dtype).removeprefix('torch.')} {list(offset.shape)}")  # fmt: skip
-    _same_device(name, offset, q)
-    if not offset.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got stride {tuple(offset.stride())}")
-    if offset.device.type == "cuda" and offset.data_ptr() % 16:
-        raise ValueError(f"{name} must start on a 16-byte boundary (cuDNN reads it as a tensor), got data_ptr % 16 = "
-                         f"{offset.data_ptr() % 16}")  # fmt: skip
 
 
 def _paged_batch(layout, q, ragged_q, cu_seqlens_q, page_table_k, page_table_v) -> int:
@@ -781,121 +484,3 @@ def describe_bwd(
     cfg = replace(fwd.for_backward(do_stride, deterministic), o_stride=o_stride,
                   do_dtype=d_o.dtype if d_o.dtype != fwd.dtype else None, saved_softmax=saved_softmax)
     return cfg, stats, rng_state, bias
-
-
-def _bias_shape(bias_shape: Any, b: int, h: int, sq: int, skv: int) -> tuple[int, ...]:
-    """The bias shape a sizes-only description names: [1 or b, 1 or h, 1 or sq, skv] (default 1hss)."""
-    if bias_shape is None:
-        return (1, h, sq, skv)
-    if not isinstance(bias_shape, (tuple, list)) or any(isinstance(n, bool) or not isinstance(n, int) for n in bias_shape):
-        raise TypeError(f"bias_shape must be a sequence of 4 ints, got {_value(bias_shape)}")
-    shape = tuple(bias_shape)
-    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2] not in (1, sq) or shape[3] != skv:
-        raise ValueError(f"bias_shape={list(shape)}; expected [1 or b, 1 or h, 1 or sq, skv] = [1|{b}, 1|{h}, 1|{sq}, {skv}]")
-    return shape
-
-
-def _attn_scale(attn_scale: Any, d_qk: int) -> float:
-    """``attn_scale``, default ``1 / sqrt(d_qk)``; a finite number."""
-    if attn_scale is None:
-        return 1.0 / math.sqrt(d_qk)
-    attn_scale = _scalar("attn_scale", attn_scale, float)
-    if not math.isfinite(attn_scale):
-        raise ValueError(f"attn_scale={attn_scale} must be finite")
-    return attn_scale
-
-
-def describe_shapes(
-    *,
-    is_training: bool,
-    dtype: torch.dtype,
-    qkv_layout: Any,
-    attn_bias_type: Any,
-    attn_mask_type: Any,
-    softmax_type: Any,
-    dropout: float,
-    num_attn_heads: int,
-    num_gqa_groups: int,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    head_dim_qk: int,
-    head_dim_v: int,
-    window_size: tuple[int, int],
-    deterministic: bool = False,
-    batch_size: int = 1,
-    bias_shape: Optional[Sequence[int]] = None,
-    attn_scale: Optional[float] = None,
-    device: int = -1,
-    return_max_logit: bool = False,
-    cuda_graph: bool = False,
-) -> AttnConfig:
-    """Describe a call from sizes alone (tensors laid out as ``qkv_layout`` names them).
-
-    Used by :func:`te_cudnn.get_fused_attn_backend` / :func:`te_cudnn.explain` and to build
-    and validate graphs without tensors. Malformed sizes raise ``ValueError``.
-    """
-    from .layouts import layout_strides  # noqa: PLC0415 - sibling module, avoid a cycle at import
-
-    layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
-    info = layout_info(layout)
-    if layout.value >= 15:
-        raise ValueError(f"qkv_layout={layout.name}: sizes-only descriptions cover the 15 core layouts")
-    if not isinstance(dtype, torch.dtype) or dtype not in F16_DTYPES + FP8_DTYPES:
-        raise TypeError(f"q_dtype={dtype if isinstance(dtype, torch.dtype) else _value(dtype)}: fused attention takes "
-                        "torch.float16, torch.bfloat16, torch.float8_e4m3fn or torch.float8_e5m2")  # fmt: skip
-    for name, flag in (("is_training", is_training), ("deterministic", deterministic),
-                       ("return_max_logit", return_max_logit), ("cuda_graph", cuda_graph)):  # fmt: skip
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {_value(flag)}")
-    ragged = info.q_format == QKVFormat.thd
-    b, h, hg = (_scalar(n, x, int) for n, x in (("batch_size", batch_size), ("num_attn_heads", num_attn_heads), ("num_gqa_groups", num_gqa_groups)))
-    sq, skv = _scalar("max_seqlen_q", max_seqlen_q, int), _scalar("max_seqlen_kv", max_seqlen_kv, int)
-    d_qk, d_v = _scalar("head_dim_qk", head_dim_qk, int), _scalar("head_dim_v", head_dim_v, int)
-    for name, value in (("num_attn_heads", h), ("num_gqa_groups", hg), ("head_dim_qk", d_qk), ("head_dim_v", d_v)):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1")
-    for name, value in (("batch_size", b), ("max_seqlen_q", sq), ("max_seqlen_kv", skv)):
-        if value < 0:
-            raise ValueError(f"{name}={value} must be >= 0 (0 describes an empty call)")
-    empty = 0 in (b, sq, skv)
-    if h % hg:
-        raise ValueError(f"num_gqa_groups={hg} does not divide num_attn_heads={h}")
-    if (info.packs_qkv or info.packs_kv) and d_qk != d_v:
-        raise ValueError(f"qkv_layout={layout.name} packs k and v, so head_dim_qk={d_qk} must equal head_dim_v={d_v}")
-    if info.packs_qkv and (sq != skv or h != hg):
-        raise ValueError(
-            f"qkv_layout={layout.name} packs q, k and v, so it needs max_seqlen_q == max_seqlen_kv and num_attn_heads == "
-            f"num_gqa_groups, got {sq}, {skv} and {h}, {hg}"
-        )
-    mask = AttnMaskType.coerce(attn_mask_type, argument="attn_mask_type")
-    bias_type = AttnBiasType.coerce(attn_bias_type, argument="attn_bias_type")
-    if bias_type in (AttnBiasType.post_scale_bias, AttnBiasType.pre_scale_bias):
-        shape = _bias_shape(bias_shape, b, h, sq, skv)
-        stride = aligned_contiguous_strides(shape, torch.empty((), dtype=dtype).element_size())  # a contiguous
-        copy = stride[-2] != shape[-1]  # bias whose rows are not 16-byte multiples is copied into this buffer
-    else:
-        shape = stride = None
-        copy = False
-    total_q, total_kv = b * sq, b * skv  # THD token counts assumed from the sizes
-    if ragged:  # graph sizes are buckets; see te_cudnn.ragged
-        b, sq, skv = bucket_batch(b), bucket_q_seqlen(sq), bucket_seqlen(skv)
-    st = layout_strides(layout, b, h, hg, sq, skv, d_qk, d_v)
-    dropout = _scalar("dropout", dropout, float)
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout={dropout} must be in [0, 1)")
-    if dropout > 0 and not is_training:
-        raise ValueError(f"dropout={dropout} during inference (is_training=False); dropout must be 0 in inference")
-    return AttnConfig(
-        dtype=dtype, layout=layout, b=b, h=h, hg=hg, sq=sq, skv=skv, d_qk=d_qk, d_v=d_v,
-        q_stride=st["q"], k_stride=st["k"], v_stride=st["v"], o_stride=st["o"],
-        mask=mask, bias_type=bias_type, bias_shape=shape, bias_stride=stride, bias_copy=copy,
-        softmax_type=SoftmaxType.coerce(softmax_type, argument="softmax_type"),
-        dropout=dropout, is_training=bool(is_training), window=_window(window_size, mask),
-        bottom_right_diagonal=mask.is_bottom_right,
-        attn_scale=_attn_scale(attn_scale, d_qk), deterministic=deterministic, device=device,
-        ragged_q=ragged, ragged_kv=ragged,
-        max_total_q=bucket_tokens(total_q) if ragged else 0, max_total_kv=bucket_tokens(total_kv) if ragged else 0,
-        stats_stride=(sq * h, 1, h, 1) if ragged else (h * sq, sq, 1, 1),
-        grad_strides=(st["q"], st["k"], st["v"]), empty=empty, return_max_logit=return_max_logit,
-        cuda_graph=cuda_graph,
-    )  # fmt: skip
