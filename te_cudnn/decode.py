@@ -48,7 +48,7 @@ from .first_call import _prepare_fwd
 from .ops import _meta, fwd_call_args
 from .prepared import _Prepared, _dependent_caches
 from .memo import SigMemo
-from .row_fill import fills_out
+from .padded_rows import fills_out
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 
@@ -192,10 +192,9 @@ def fused_attn_decode(
 
 def _traced(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_size, out, return_softmax_lse) -> Any:
     """The call as torch.compile sees it: one ``te_cudnn::decode`` node (validated when it runs)."""
-    from .torch_ops import decode_op  # noqa: PLC0415 - torch_ops imports this module's dependencies
-
     (left, _), _mask = _window(window_size, q.shape[1])
-    o, lse = decode_op(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, left)
+    # registered by te_cudnn.torch_ops (imported with the package), which sits above this module
+    o, lse = torch.ops.te_cudnn.decode.default(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, left)
     if out is not None:
         out.copy_(o)
         o = out

@@ -19,6 +19,7 @@ of variable-length calls.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 from collections import namedtuple
 from typing import Any, Optional, Sequence
@@ -35,6 +36,7 @@ from .policy import token as _policy_token
 from .ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
 from .served import padded_bwd, padded_fwd
 from .varlen import BatchLengths
+from .varlen import clear as _clear_runtime_buffers
 
 # Re-exported: the public names of the modules below, and the ones other modules, the tests and
 # tools/ read from te_cudnn.ops.
@@ -42,9 +44,9 @@ from .first_call import _check_no_fp8_args, _check_result_buffer, _coerce_backen
 from .fp8_operands import fp8_bwd_operands, fp8_fwd_operands  # noqa: F401
 from .launchers import _part_plan, _split_bwd  # noqa: F401
 from .memo import SigMemo  # noqa: F401
-from .plans import handle_for  # noqa: F401
+from .plans import handle_for, handles, plan_cache  # noqa: F401
 from .plans.split import chosen_split  # noqa: F401
-from .prepared import _DENSE_TEMPLATE_BYTES, _Prepared, _dependent_caches, _drop_cudnn_objects  # noqa: F401
+from .prepared import _DENSE_TEMPLATE_BYTES, _Prepared, _dependent_caches  # noqa: F401
 from .prepared import _template, forget_prepared  # noqa: F401
 from .rng import _check_rng_state, _device_rng_state, _rng_state  # noqa: F401
 from .selection import Explanation, explain, get_fused_attn_backend
@@ -472,3 +474,22 @@ def fused_attn_bwd(
 #: One backward call's arguments (see _call_record).
 BwdArgs = _call_record("BwdArgs", fused_attn_bwd)
 _public_signature(fused_attn_bwd)
+
+
+def _drop_cudnn_objects() -> None:
+    """At interpreter exit (before modules are torn down): drop te_cudnn's references to cuDNN
+    frontend objects (prepared calls, plans, launch contexts, handles). torch.library keeps the
+    custom ops' Python functions, and through them te_cudnn's module state, alive to the end;
+    plans still alive when the frontend's native module is finalized make it report "leaked"
+    instances on stderr."""
+    try:
+        forget_prepared()
+        _clear_runtime_buffers()
+        release_workspaces()
+        plan_cache.clear()
+        handles._idle.clear()
+    except Exception:  # pragma: no cover - exiting anyway; never turn an exit into a traceback
+        pass
+
+
+atexit.register(_drop_cudnn_objects)

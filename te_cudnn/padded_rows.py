@@ -45,10 +45,10 @@ from typing import Any, Optional, Sequence
 
 from .backends import BY_ENUM, Direction, SubBackend, Uid
 from .config import AttnConfig
-from .row_fill import Lengths, length_remap
+from .row_fill import Lengths, length_remap, skips_grads_fill, skips_out_fill
 
 __all__ = [
-    "KIND", "RECORD_SEQUENCES", "RECORD_VERSION", "RESULTS", "ProbeBatch", "ResultCheck", "ResultRows", "forget",
+    "fills_out", "fills_grads", "KIND", "RECORD_SEQUENCES", "RECORD_VERSION", "RESULTS", "ProbeBatch", "ResultCheck", "ResultRows", "forget",
     "make_record", "probe", "probe_batches", "record_for", "result_rows", "rows_verified", "valid_record",
 ]  # fmt: skip
 
@@ -564,3 +564,23 @@ def rows_verified(plan: Any, cfg: Optional[AttnConfig] = None, backend: Optional
                           "those results are zero-filled", plan.plan_name, key, record["why"])  # fmt: skip
         _records[memo] = record
         return bool(record["ok"])
+
+
+def fills_out(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
+    """Whether a padding-mask / THD forward zero-fills O before cuDNN writes it: yes unless the
+    static rule allows skipping (te_cudnn.row_fill) and ``plan``'s engine is checked (:func:`rows_verified`)."""
+    if not (cfg.mask.is_padding or cfg.is_ragged):
+        return False
+    if plan is None or not skips_out_fill(cfg, backend):
+        return True
+    return not rows_verified(plan, cfg, backend, Direction.FWD)
+
+
+def fills_grads(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
+    """Whether a padding-mask / THD backward zero-fills dQ, dK and dV before cuDNN writes them:
+    yes unless the static rule allows skipping and ``plan``'s engine is checked."""
+    if not (cfg.mask.is_padding or cfg.is_ragged):
+        return False
+    if plan is None or not skips_grads_fill(cfg, backend):
+        return True
+    return not rows_verified(plan, cfg, backend, Direction.BWD)

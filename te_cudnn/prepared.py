@@ -4,13 +4,11 @@ A :class:`_Prepared` holds what a repeated call needs (the configuration, the su
 plan key and the plan, result templates, constant operands, the launch mode). The forward and
 backward memos keep them under the raw call signatures :mod:`te_cudnn.ops` computes;
 :func:`forget_prepared` drops them, with every cache built on them, so the next calls validate
-and select again. At interpreter exit, before modules are torn down, the cuDNN objects they
-reach are dropped (:func:`_drop_cudnn_objects`).
+and select again. (At interpreter exit te_cudnn.ops drops the cuDNN objects they reach.)
 """
 
 from __future__ import annotations
 
-import atexit
 import math
 import threading
 from dataclasses import dataclass
@@ -23,11 +21,10 @@ from .config import AttnConfig
 from .errors import CaptureMissError
 from .launch import is_capturing as _is_capturing
 from .launch import kept as _kept
-from .launch import release_workspaces
 from .memo import TEMPLATE_BYTES, SigMemo
 from .plans import CompiledPlan, handle_for, plan_cache
-from .row_fill import Lengths, fills_grads, fills_out
-from .varlen import clear as _clear_runtime_buffers
+from .padded_rows import fills_grads, fills_out
+from .row_fill import Lengths
 
 
 @dataclass(eq=False)
@@ -129,23 +126,3 @@ def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) ->
         return _kept(lambda: torch.empty(tuple(shape), dtype=dtype, device=device), device)
     return _kept(lambda: torch.empty(1, dtype=dtype, device=device), device).expand(*shape)
 
-
-def _drop_cudnn_objects() -> None:
-    """At interpreter exit (before modules are torn down): drop te_cudnn's references to cuDNN
-    frontend objects (prepared calls, plans, launch contexts, handles). torch.library keeps the
-    custom ops' Python functions, and through them te_cudnn's module state, alive to the end;
-    plans still alive when the frontend's native module is finalized make it report "leaked"
-    instances on stderr."""
-    from .plans import handles  # noqa: PLC0415
-
-    try:
-        forget_prepared()
-        _clear_runtime_buffers()
-        release_workspaces()
-        plan_cache.clear()
-        handles._idle.clear()
-    except Exception:  # pragma: no cover - exiting anyway; never turn an exit into a traceback
-        pass
-
-
-atexit.register(_drop_cudnn_objects)

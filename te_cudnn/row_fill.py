@@ -46,7 +46,7 @@ from .backends import Direction, SubBackend
 from .config import AttnConfig
 from .enums import AttnBiasType, FusedAttnBackend
 
-__all__ = ["Lengths", "length_remap", "skips_out_fill", "skips_grads_fill", "fills_out", "fills_grads"]
+__all__ = ["Lengths", "length_remap", "skips_out_fill", "skips_grads_fill"]
 
 
 class Lengths(enum.Enum):
@@ -78,34 +78,10 @@ def length_remap(cfg: AttnConfig, backend: SubBackend) -> Lengths:
 
 def skips_out_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
     """The static rule for O: whether te_cudnn may leave the rows past each sequence's end to
-    cuDNN, once the engine is checked (:func:`fills_out`)."""
+    cuDNN, once the engine is checked (``te_cudnn.padded_rows.fills_out``)."""
     return length_remap(cfg, backend) is not Lengths.AS_GIVEN and _remappable(cfg, backend)
 
 
 def skips_grads_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """The static rule for dQ, dK and dV, likewise (:func:`fills_grads`)."""
+    """The static rule for dQ, dK and dV, likewise (``te_cudnn.padded_rows.fills_grads``)."""
     return length_remap(cfg, backend) is Lengths.EVERY_KEY and not cfg.deterministic
-
-
-def fills_out(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
-    """Whether a padding-mask / THD forward zero-fills O before cuDNN writes it: yes unless the
-    static rule allows skipping and ``plan``'s engine is checked (te_cudnn.padded_rows)."""
-    if not (cfg.mask.is_padding or cfg.is_ragged):
-        return False
-    if plan is None or not skips_out_fill(cfg, backend):
-        return True
-    from .padded_rows import rows_verified  # noqa: PLC0415
-
-    return not rows_verified(plan, cfg, backend, Direction.FWD)
-
-
-def fills_grads(cfg: AttnConfig, backend: SubBackend, plan: Any = None) -> bool:
-    """Whether a padding-mask / THD backward zero-fills dQ, dK and dV before cuDNN writes them:
-    yes unless the static rule allows skipping and ``plan``'s engine is checked."""
-    if not (cfg.mask.is_padding or cfg.is_ragged):
-        return False
-    if plan is None or not skips_grads_fill(cfg, backend):
-        return True
-    from .padded_rows import rows_verified  # noqa: PLC0415
-
-    return not rows_verified(plan, cfg, backend, Direction.BWD)

@@ -33,6 +33,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from .decode import fused_attn_decode
 from .enums import META_DO, META_DQKV, META_O, META_QKV, FusedAttnBackend, QKVFormat, QKVLayout, QKVLayoutGroup
 from .fp8 import Fp8Table, bwd_kwargs, dequantize, fwd_kwargs, quantize
 from .layouts import layout_info, packed_qkv_views
@@ -518,8 +519,6 @@ def _fp8_fwd_backward(ctx, d_out, *_unused):
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, attn_scale, window_left):
     """``te_cudnn::decode``: :func:`te_cudnn.fused_attn_decode` into a fresh contiguous O (the
     fake's strides, whatever q's), returning ``(out, softmax_lse)``."""
-    from .decode import fused_attn_decode  # noqa: PLC0415 - decode imports ops, as this module does
-
     b, sq, h = q.shape[:3]
     out = torch.empty((b, sq, h, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     window = (-1, -1) if window_left < 0 else (window_left, 0)

@@ -29,7 +29,8 @@ from te_cudnn.plans import tune as tune_mod
 from te_cudnn.plans.store import RECORDS_FORMAT, PlanStore
 from te_cudnn.plans.tune import (Candidate, TuningError, check_error, choose, make_operands, measure, result_checks,
                                  run_checks)
-from te_cudnn.row_fill import Lengths, fills_grads, fills_out
+from te_cudnn.padded_rows import fills_grads, fills_out
+from te_cudnn.row_fill import Lengths
 from te_cudnn.runtime import RuntimeEnv
 
 from _plan_helpers import FACTS, sizes_config

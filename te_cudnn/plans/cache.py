@@ -26,7 +26,7 @@ import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from ..errors import GraphBuildError
 from .key import PlanKey
@@ -216,10 +216,9 @@ def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
         return None
     if entry is None:
         return None
-    from .tune import valid_record  # noqa: PLC0415
-
-    record = entry.header.get("tuning")
-    record = record if valid_record(record) and record["chosen"]["name"] == entry.header.get("plan_name") else None
+    record, tuner = entry.header.get("tuning"), _tuner[0]
+    record = record if tuner is not None and tuner.valid_record(record) and \
+        record["chosen"]["name"] == entry.header.get("plan_name") else None  # fmt: skip
     if need_tuning and record is None:
         return None
     uids = tuple(BY_ENUM[key.backend].operand_uids(key.config, key.direction))
@@ -272,12 +271,11 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     and the tuned plan, with its record, replaces the stored one. A stored tuned plan is loaded
     with autotuning off too: tuning is paid once per store fingerprint (GPU model, versions)."""
     from ..backends import BY_ENUM  # noqa: PLC0415
-    from .tune import tune_plan, tuning_wanted  # noqa: PLC0415
-
     if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
         return build_plan(key, make_spec)
-    tune = tuning_wanted(key)
-    builder = tune_plan if tune else build_plan
+    tuner = _tuner[0]
+    tune = tuner is not None and tuner.tuning_wanted(key)
+    builder = tuner.tune_plan if tune else build_plan
     start = time.perf_counter()
     store = store_for(key.config.device)
     if store is None:
@@ -327,19 +325,33 @@ def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
 next_tick = itertools.count(1).__next__
 
 
-_tune_module: Any = None
+class Tuner(Protocol):
+    """What the cache asks of the autotuner: ``te_cudnn.plans.tune``, which builds on this
+    module and hands itself over with :func:`use_tuner` when it is imported (its functions are
+    looked up on every call, so replacing one, as tests do, takes effect)."""
+
+    def autotune_enabled(self) -> bool: ...  # autotuning switched on at all (read on every lookup)
+
+    def tuning_wanted(self, key: PlanKey) -> bool: ...  # this key wants a tuned plan
+
+    def tune_plan(self, key: PlanKey, make_spec: Callable[[], Any]) -> "CompiledPlan": ...  # with its record
+
+    def valid_record(self, record: Any) -> bool: ...  # a stored tuning record this version can use
+
+
+_tuner: list = [None]  # the Tuner in use (a list: read on every lookup, set once)
+
+
+def use_tuner(tuner: Optional[Tuner]) -> None:
+    """Make ``tuner`` the one lookups ask (None: plans are never tuned)."""
+    _tuner[0] = tuner
 
 
 def _tuning_wanted(key: PlanKey) -> bool:
-    """Whether a lookup of ``key`` wants a tuned plan (``te_cudnn.plans.tune.tuning_wanted``);
-    with autotuning off, a context-variable read and an environment lookup."""
-    global _tune_module
-    tune = _tune_module
-    if tune is None:
-        from . import tune  # noqa: PLC0415
-
-        _tune_module = tune
-    return tune.autotune_enabled() and tune.tuning_wanted(key)
+    """Whether a lookup of ``key`` wants a tuned plan (the tuner's ``tuning_wanted``); with autotuning
+    off, a context-variable read and an environment lookup."""
+    tuner = _tuner[0]
+    return tuner is not None and tuner.autotune_enabled() and tuner.tuning_wanted(key)
 
 
 def _recency(plan: CompiledPlan) -> int:

@@ -73,6 +73,7 @@ import logging
 import os
 import threading
 import time
+import sys
 import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -82,6 +83,8 @@ from ..backends import BY_ENUM, Direction
 from ..errors import GraphBuildError
 from ..runtime import cudnn_module
 from ..timing import MAX_SPIN_MS, SPIN_CALIBRATION_CYCLES, SPIN_RETRIES
+from . import cache as _cache  # looked up per call: the process cache (and its builder) can be replaced
+from .handles import handle_for
 from .tune_checks import FP8_AGREEMENT, agreement_error, agreement_tolerance, check_error, result_checks, run_checks
 from .tune_operands import FP8_SOFTMAX_SCALE, length_operands, make_operands
 from .tune_results import (DEFAULT_REPS, DEFAULT_WARMUP, MIN_SPEEDUP, RECORD_VERSION, Candidate, CandidateTiming,
@@ -186,10 +189,9 @@ def tuning_wanted(key: Any) -> bool:
 
 
 def _retire_untuned() -> None:
-    from .cache import plan_cache  # noqa: PLC0415
 
     try:
-        plan_cache.retire(lambda p: p.tuning is None and not p.tune_checked and tunable(p.key))
+        _cache.plan_cache.retire(lambda p: p.tuning is None and not p.tune_checked and tunable(p.key))
     except Exception:  # a cache of foreign plans (tests): never fail a `with` for it
         pass
 
@@ -359,13 +361,12 @@ def tune_plan(key: Any, make_spec: Callable[[], Any], *, timer: Optional[Timer] 
     as usual, with ``.tuning_error`` saying why (warned once per kind of problem); a graph
     cuDNN cannot build at all raises :class:`~te_cudnn.errors.GraphBuildError` as
     :func:`~te_cudnn.plans.cache.build_plan` does. Logged on the ``te_cudnn`` logger at INFO."""
-    from .cache import CompiledPlan, build_plan  # noqa: PLC0415
 
     start = time.perf_counter()
     try:
         planned = plan_candidates(key, make_spec)
     except Exception as exc:  # noqa: BLE001 - build the heuristic plan the usual way
-        plan = build_plan(key, make_spec)  # raises GraphBuildError when the graph cannot be built at all
+        plan = _cache.build_plan(key, make_spec)  # raises GraphBuildError when the graph cannot be built at all
         plan.tuning_error = f"planning every candidate failed: {one_line(exc)}"
         _warn_once(f"plan:{type(exc).__name__}", f"te_cudnn: could not tune {key}: {plan.tuning_error}; using the "
                                                  f"heuristic plan (further keys with this problem are not reported)")  # fmt: skip
@@ -387,7 +388,7 @@ def tune_plan(key: Any, make_spec: Callable[[], Any], *, timer: Optional[Timer] 
             if int(getattr(g, "_plan_index", -1)) != planned.heuristic_index:
                 g.build_plan_at_index(planned.heuristic_index)
         except Exception:  # noqa: BLE001 - the tuning graph is unusable: build the heuristic plan afresh
-            plan = build_plan(key, make_spec)
+            plan = _cache.build_plan(key, make_spec)
             plan.tuning_error, plan.tune_checked = error, True
             return plan
     stages["tune"] = time.perf_counter() - t0
@@ -396,7 +397,7 @@ def tune_plan(key: Any, make_spec: Callable[[], Any], *, timer: Optional[Timer] 
         name = str(g.get_plan_name_at_index(index))
     except Exception:  # noqa: BLE001 - naming is informational only
         name = "unknown"
-    plan = CompiledPlan(key, g, tuple(planned.spec.uids), int(g.get_workspace_size()), name,
+    plan = _cache.CompiledPlan(key, g, tuple(planned.spec.uids), int(g.get_workspace_size()), name,
                         time.perf_counter() - start, stages=stages)  # fmt: skip
     if result is not None:
         plan.tuning = result.to_record()
@@ -421,8 +422,6 @@ def tune_key(key: Any, *, cache: Any = None, store: bool = True, timer: Optional
     """Tune ``key`` now, whatever ``TE_CUDNN_AUTOTUNE`` says (also a key already tuned): the
     tuned plan replaces the key's plan in ``cache`` (default: the process's plan cache) and, with
     ``store``, in the plan store. Raises :class:`TuningError` when the key cannot be tuned."""
-    from .cache import _save_built, plan_cache, store_for  # noqa: PLC0415
-    from .handles import handle_for  # noqa: PLC0415
 
     if not tunable(key):
         raise TuningError(f"{key} cannot be tuned (it needs a CUDA device and a sub-backend whose plans are stored)")
@@ -437,10 +436,10 @@ def tune_key(key: Any, *, cache: Any = None, store: bool = True, timer: Optional
     if plan.tuning is None:
         raise TuningError(f"could not tune {key}: {plan.tuning_error}")
     if store:
-        s = store_for(device)
+        s = _cache.store_for(device)
         if s is not None:
-            _save_built(s, key, key.describe(device=False), plan)
-    (plan_cache if cache is None else cache).put(plan)
+            _cache._save_built(s, key, key.describe(device=False), plan)
+    (_cache.plan_cache if cache is None else cache).put(plan)
     return TuningResult.from_record(plan.tuning, key=key)
 
 
@@ -448,17 +447,19 @@ def tuning_record(key: Any, *, cache: Any = None, store: Any = None) -> Optional
     """``key``'s tuning record: from its plan in ``cache`` (default: the process's plan cache)
     when that plan is tuned, else from its file in ``store`` (default: the device's plan store),
     read without deserializing the plan; None when it has none."""
-    from .cache import plan_cache, store_for  # noqa: PLC0415
 
-    plan = (plan_cache if cache is None else cache).find(key)
+    plan = (_cache.plan_cache if cache is None else cache).find(key)
     if plan is not None and plan.tuning is not None:
         return plan.tuning
     if store is None:
         if key.config.device < 0:
             return None
-        store = store_for(key.config.device)
+        store = _cache.store_for(key.config.device)
         if store is None:
             return None
     entry = store.load(key.describe(device=False))
     record = None if entry is None else entry.header.get("tuning")
     return record if valid_record(record) else None
+
+
+_cache.use_tuner(sys.modules[__name__])  # the cache asks this module (te_cudnn.plans.cache.Tuner)

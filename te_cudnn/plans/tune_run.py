@@ -21,6 +21,7 @@ import torch
 from ..backends import BY_ENUM
 from ..backends.base import Uid
 from ..timing import event_ms, interleaved_samples, spin_ahead_samples
+from . import cache as _cache  # looked up per call (the builder can be replaced)
 from .handles import handle_for
 from .order import ORDER_SEED, order_rng, round_order
 from .split import measure_splits, splittable
@@ -165,10 +166,9 @@ def _time_and_choose_here(key: Any, planned: Planned, *, timer: Optional[Timer],
         want = {uid: ops[uid].clone() for uid in outputs}
 
         def build_part(part_cfg: Any) -> Any:
-            from .cache import build_plan  # noqa: PLC0415
 
             part_key = replace(key, config=part_cfg)
-            return build_plan(part_key, lambda: BY_ENUM[key.backend].build(part_cfg, key.direction, handle))
+            return _cache.build_plan(part_key, lambda: BY_ENUM[key.backend].build(part_cfg, key.direction, handle))
 
         def run_part(plan: Any, part_ops: dict) -> None:
             ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=device)
