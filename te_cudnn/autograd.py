@@ -16,11 +16,12 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import torch_ops
-from .enums import FusedAttnBackend
-from .ops import fused_attn_bwd, fused_attn_fwd
+from .enums import FusedAttnBackend, QKVFormat, QKVLayout
+from .layouts import layout_info
 from .lean import wants_grad
-from .varlen import BatchLengths
+from .ops import fused_attn_bwd, fused_attn_fwd
 from .torch_ops import _is_compiling, use_custom_ops
+from .varlen import BatchLengths
 
 __all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "attend", "Fp8FusedAttnFunc", "fp8_attention"]
 
@@ -100,8 +101,6 @@ def _layout_facts() -> dict[Any, tuple[int, int, str]]:
     sequence lengths (sbhd: 0, bshd: 1, bhsd: 2, thd: 0, the token count) and the unpacked
     layout FP8 runs on (quantizing packed views gives separate tensors). Built once at
     import: torch.compile then reads a constant table instead of tracing enum coercion."""
-    from .enums import QKVFormat, QKVLayout  # noqa: PLC0415
-    from .layouts import layout_info  # noqa: PLC0415
 
     dims = {QKVFormat.sbhd: 0, QKVFormat.bshd: 1, QKVFormat.bhsd: 2, QKVFormat.thd: 0}
     table: dict[Any, tuple[int, int, str]] = {}

@@ -17,13 +17,15 @@ import sys
 
 import torch
 
-from . import explain, fused_attn_bwd, fused_attn_fwd, plan_cache
-from .pipes import quiet_broken_pipe
 from .backends import BY_ENUM, Direction
 from .config import describe_shapes
 from .enums import FusedAttnBackend, QKVLayout
+from .ops import fused_attn_bwd, fused_attn_fwd
+from .pipes import quiet_broken_pipe
+from .plans import plan_cache
 from .reference import attention_reference
 from .runtime import HOPPER_CUDNN_919, current_env, format_versions
+from .selection import explain
 from .testing import BENCHMARK_CONFIGS, BenchConfig, make_qkv, rel_error, to_bhsd
 from .timing import median_ms
 

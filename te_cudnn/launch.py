@@ -43,6 +43,7 @@ import torch
 from .backends.base import Uid
 from .errors import MisalignedError
 from .plans.handles import current_raw_stream, handle_for, release_thread_handles
+from .runtime import torch_dtype_to_cudnn
 
 if TYPE_CHECKING:
     from .plans import CompiledPlan
@@ -418,7 +419,6 @@ _declared_lock = threading.Lock()
 @functools.lru_cache(maxsize=None)
 def _torch_dtypes() -> dict:
     """cuDNN data type -> torch dtype, for the types te_cudnn binds."""
-    from .runtime import torch_dtype_to_cudnn  # noqa: PLC0415
 
     dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64]
     dtypes += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]

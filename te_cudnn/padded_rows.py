@@ -45,11 +45,17 @@ from typing import Any, Optional, Sequence
 
 from .backends import BY_ENUM, Direction, SubBackend, Uid
 from .config import AttnConfig
+from .plans.cache import store_for
+from .plans.handles import handle_for
+from .plans.tune_operands import length_operands, make_operands
+from .ragged import every_key_lens, one_query_lens
 from .row_fill import Lengths, length_remap, skips_grads_fill, skips_out_fill
+from .runtime import current_env
 
 __all__ = [
-    "fills_out", "fills_grads", "KIND", "RECORD_SEQUENCES", "RECORD_VERSION", "RESULTS", "ProbeBatch", "ResultCheck", "ResultRows", "forget",
-    "make_record", "probe", "probe_batches", "record_for", "result_rows", "rows_verified", "valid_record",
+    "fills_out", "fills_grads", "KIND", "RECORD_SEQUENCES", "RECORD_VERSION", "RESULTS", "ProbeBatch", "ResultCheck",
+    "ResultRows", "forget", "make_record", "probe", "probe_batches", "record_for", "result_rows", "rows_verified",
+    "valid_record",
 ]  # fmt: skip
 
 _log = logging.getLogger("te_cudnn")
@@ -130,8 +136,6 @@ def _starts(lens: Sequence[int], capacity: int) -> tuple[int, ...]:
 def _bind(remap: Lengths, lens_q: Sequence[int], lens_kv: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The lengths calls bind for these caller's lengths (te_cudnn.ragged's own functions)."""
     import torch  # noqa: PLC0415
-
-    from .ragged import every_key_lens, one_query_lens  # noqa: PLC0415
 
     b = len(lens_q)
     lq = torch.tensor(list(lens_q), dtype=torch.int32)
@@ -273,7 +277,6 @@ class ResultCheck:
 
     def __init__(self, graph: Any, uids: Sequence[int], cfg: AttnConfig, direction: Direction, ops: dict[int, Any],
                  batch: ProbeBatch, device: Any, *, bind: bool = True, fill_padded: bool = False) -> None:  # fmt: skip
-        from .plans.tune_operands import length_operands  # noqa: PLC0415
 
         self.batch = batch
         self.fill_padded = fill_padded
@@ -401,10 +404,6 @@ def probe(plan: Any, cfg: Optional[AttnConfig] = None, backend: Optional[SubBack
     which decide the lengths bound."""
     import torch  # noqa: PLC0415
 
-    from .plans.handles import handle_for  # noqa: PLC0415
-    from .plans.tune_operands import make_operands  # noqa: PLC0415
-    from .runtime import current_env  # noqa: PLC0415
-
     key = plan.key
     kcfg = key.config
     direction = key.direction if direction is None else Direction(direction)
@@ -474,8 +473,6 @@ def _capturing(device: int) -> bool:
 
 
 def _store(device: int) -> Any:
-    from .plans.cache import store_for  # noqa: PLC0415
-
     return store_for(device)
 
 

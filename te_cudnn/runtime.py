@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from ._version import __version__
+
 __all__ = [
     "RuntimeEnv", "current_env", "cudnn_module", "frontend_version", "cudnn_version_string", "torch_dtype_to_cudnn",
     "versions", "format_versions",
@@ -110,7 +112,6 @@ def versions() -> dict[str, str]:
     ``frontend`` and ``gpu`` (name and compute capability of the current device, or
     ``"no GPU"``). One place, so that ``te-cudnn --version``, the demo and the test header
     agree."""
-    from ._version import __version__  # noqa: PLC0415
 
     env = current_env()
     if env.sm is not None:

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
 
+from ..testing import BENCHMARK_CONFIGS
+
 __all__ = ["Case", "all_cases", "case_by_name", "GROUPS", "DEFAULT_GROUPS", "QUICK", "select_cases", "causal_pairs",
            "thd_lengths"]
 
@@ -166,8 +168,6 @@ class Case:
 
 # ---------------------------------------------------------------------------- the cases
 def _te_cases() -> list[Case]:
-    from ..testing import BENCHMARK_CONFIGS  # noqa: PLC0415 - TE's configurations, one source
-
     return [
         Case(c.name, "te", c.b, c.h, c.hg, c.d, c.sq, c.skv, c.mask, bias=c.bias,
              note="TransformerEngine benchmark_attention.py")  # fmt: skip

@@ -16,6 +16,11 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from . import report
+from .cases import DEFAULT_GROUPS, GROUPS, QUICK, all_cases, select_cases
+from .contenders import CONTENDER_GROUPS, all_contenders, select_contenders
+from .runner import Settings, run_benchmark
+
 __all__ = ["main", "register", "build_parser", "add_arguments", "run_from_args"]
 
 EXIT_NO_GPU, EXIT_USAGE = 1, 2
@@ -24,9 +29,6 @@ DESCRIPTION = ("Time te_cudnn against the same cuDNN graph built by hand, torch 
 
 
 def _epilog() -> str:
-    from .cases import DEFAULT_GROUPS, GROUPS, QUICK  # noqa: PLC0415
-    from .contenders import CONTENDER_GROUPS, all_contenders  # noqa: PLC0415
-
     return (f"case groups: {', '.join(GROUPS)} (default: {', '.join(DEFAULT_GROUPS)}); --quick: {', '.join(QUICK)}. "
             f"contenders: {', '.join(c.key for c in all_contenders())}; groups: {', '.join(CONTENDER_GROUPS)}. "
             "--list shows every case.")  # fmt: skip
@@ -135,9 +137,6 @@ def _err(message: str) -> None:
 
 
 def _list() -> int:
-    from .cases import QUICK, all_cases  # noqa: PLC0415
-    from .contenders import all_contenders  # noqa: PLC0415
-
     for c in all_cases():
         print(f"{c.name:22} {c.group:7} {'quick ' if c.name in QUICK else '      '}{c.describe()}")
     print()
@@ -147,9 +146,6 @@ def _list() -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from .cases import select_cases  # noqa: PLC0415
-    from .contenders import select_contenders  # noqa: PLC0415
-
     if args.list:
         return _list()
     try:
@@ -166,8 +162,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         _err("needs a CUDA GPU with cuDNN; torch.cuda.is_available() is False on this machine (--list works without one)")
         return EXIT_NO_GPU
-    from . import report  # noqa: PLC0415
-    from .runner import Settings, run_benchmark  # noqa: PLC0415
 
     over: dict[str, Any] = {}
     if args.max_seconds is not None:

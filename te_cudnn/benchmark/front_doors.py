@@ -28,8 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import te_cudnn as tc
-
+from ..autograd import fused_attention
+from ..module import DotProductAttention
+from ..ops import fused_attn_fwd
+from ..sdpa import scaled_dot_product_attention
 from ..timing import event_ms, host_medians
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
@@ -52,7 +54,7 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
     b, h, s, d = 1, 8, 128, 64
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=BF16) for _ in range(3))
     qb, kb, vb = (torch.randn(b, h, s, d, device="cuda", dtype=BF16) for _ in range(3))
-    module = tc.DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="no_mask").cuda().eval()
+    module = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="no_mask").cuda().eval()
     stub = _Stub().eval()
 
     def torch_cudnn():
@@ -60,11 +62,11 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
             return F.scaled_dot_product_attention(qb, kb, vb)
 
     fns: dict[str, Callable[[], Any]] = {
-        "te_cudnn.fused_attn_fwd": lambda: tc.fused_attn_fwd(False, s, s, None, None, q, k, v, BF16, None,
+        "te_cudnn.fused_attn_fwd": lambda: fused_attn_fwd(False, s, s, None, None, q, k, v, BF16, None,
                                                              qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask"),
-        "te_cudnn.fused_attention": lambda: tc.fused_attention(q, k, v),
+        "te_cudnn.fused_attention": lambda: fused_attention(q, k, v),
         "te_cudnn.DotProductAttention": lambda: module(q, k, v),
-        "te_cudnn.scaled_dot_product_attention": lambda: tc.scaled_dot_product_attention(qb, kb, vb),
+        "te_cudnn.scaled_dot_product_attention": lambda: scaled_dot_product_attention(qb, kb, vb),
         "te_cudnn HF attention function": lambda: te_hf.attention_forward(stub, qb, kb, vb, None),
         "torch SDPA (default backend)": lambda: F.scaled_dot_product_attention(qb, kb, vb),
         "torch SDPA (cuDNN backend)": torch_cudnn,
@@ -108,7 +110,7 @@ def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> li
             gqa = hk != h
 
             def te_step():
-                tc.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
+                scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
 
             def torch_step():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -121,7 +123,7 @@ def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> li
             te_ms, torch_ms = statistics.median(times["te_cudnn"]), statistics.median(times["torch cuDNN"])
             rows.append({"shape": f"b={b} h={h} hg={hk} s={s} d={d} causal", "inputs": form, "te_cudnn_ms": te_ms,
                          "torch_cudnn_ms": torch_ms, "ratio": te_ms / torch_ms})  # fmt: skip
-            del q, k, v, go
+            q = k = v = go = None  # free this shape's tensors before the next
     return rows
 
 
@@ -186,7 +188,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[st
 
         r["training step b=2 s=2048 ms"] = _timed(step, 5) * 1e3
         res[impl] = r
-        del model
+        model = None
         torch.cuda.empty_cache()
     res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
                                if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip

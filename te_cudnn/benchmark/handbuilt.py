@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from ..runtime import cudnn_module
 from .cases import Case
 from .contender import Contender, Run
 from .inputs import Inputs
@@ -24,8 +25,6 @@ class HandGraphs:
     ``build=False`` only defines the graphs (no handle, no GPU: ``validate()`` works anywhere)."""
 
     def __init__(self, q, k, v, *, training: bool, causal: bool, bias=None, d_o=None, build: bool = True):
-        from ..runtime import cudnn_module  # noqa: PLC0415
-
         cudnn = self.cudnn = cudnn_module()
         self.handle = None
         hkw: dict = {}

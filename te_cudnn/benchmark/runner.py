@@ -23,15 +23,34 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from .. import varlen
+from ..ops import fused_attn_fwd, release_workspaces
+from ..plans import plan_cache
 from ..plans.cache import forget_stores
+from ..plans.tune import format_record
+from ..runtime import versions
+from ..varlen import BatchLengths
 from .cases import Case
 from .contender import Contender
 from .handbuilt import HandGraphs
 from .inputs import make_inputs, tensor_bytes
-from .measure import (EAGER_LEAD, adjacent_ratios, capture, copy_bandwidth_gbps, eager_sampler, event_ms,
-                      fp8_matmul_peak_tflops, free_memory, graph_sampler, host_medians, interleaved, lead_count,
-                      matmul_peak_tflops, summarize)  # fmt: skip
-from .te_contender import autotuning_context
+from .measure import (
+    EAGER_LEAD,
+    adjacent_ratios,
+    capture,
+    copy_bandwidth_gbps,
+    eager_sampler,
+    event_ms,
+    fp8_matmul_peak_tflops,
+    free_memory,
+    graph_sampler,
+    host_medians,
+    interleaved,
+    lead_count,
+    matmul_peak_tflops,  # fmt: skip
+    summarize,
+)
+from .te_contender import TeCudnn, autotuning_context
 
 __all__ = ["Settings", "run_benchmark", "plan_store_for_run", "environment", "host_section", "SCHEMA"]
 
@@ -94,7 +113,6 @@ def _driver_version() -> str:
 
 def environment() -> dict[str, Any]:
     """What the numbers were measured on: GPU, driver, CUDA, cuDNN, torch, frontend, te_cudnn."""
-    from ..runtime import versions  # noqa: PLC0415
 
     env: dict[str, Any] = dict(versions())
     env["driver"] = _driver_version() if torch.cuda.is_available() else "none"
@@ -145,7 +163,6 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
     import torch.nn.functional as F  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
-    import te_cudnn as tc  # noqa: PLC0415
 
     b, h, s, d = 1, 1, 64, 64
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -153,13 +170,13 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
     cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
     kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
     fns: dict[str, Callable[[], Any]] = {}
-    fns[HOST_TE] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
+    fns[HOST_TE] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
     o_pre = torch.empty_like(q)
     lse_pre = torch.empty(b, h, s, 1, dtype=torch.float32, device="cuda")
-    fns["te_cudnn, preallocated out"] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None,
+    fns["te_cudnn, preallocated out"] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None,
                                                                     out=o_pre, **kw)  # fmt: skip
     # like for like with the yardstick, which writes into outputs allocated once
-    fns[HOST_TE_PREALLOCATED] = lambda: tc.fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, out=o_pre,
+    fns[HOST_TE_PREALLOCATED] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, out=o_pre,
                                                           softmax_lse=lse_pre, **kw)  # fmt: skip
     qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
     hand = HandGraphs(qb, kb, vb, training=False, causal=False)
@@ -172,7 +189,7 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
             return F.scaled_dot_product_attention(qb, kb, vb)
 
     fns["torch SDPA cuDNN"] = sdpa
-    fns.update(_host_thd_calls(tc, h, d))
+    fns.update(_host_thd_calls(h, d))
     notes = []
     for name, fn in list(fns.items()):  # a contender that cannot run here is reported, not timed
         try:
@@ -193,14 +210,14 @@ def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, An
         out["like_for_like_us"] = us[HOST_TE_PREALLOCATED] - us[HOST_YARDSTICK_STATS]
     if HOST_THD_REUSE in us:  # what deriving the lengths on every call costs against reusing them
         out["thd_vs_reuse_us"] = {n: us[n] - us[HOST_THD_REUSE] for n in (HOST_THD, HOST_THD_BATCH) if n in us}
-    plan = _host_plan(tc, b, h, s)
+    plan = _host_plan(b, h, s)
     if plan is not None:  # which engine and launch path te_cudnn's cached plan took (informational)
         out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
         out["te_cudnn_plan"] = _plan_words(plan)
     log("host us per cached forward: " + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))
     if settings.host_tuned and HOST_TE in fns:
         try:
-            out["tuned"] = _host_tuned(settings, fns, tc, (b, h, s), log)
+            out["tuned"] = _host_tuned(settings, fns, (b, h, s), log)
         except Exception as exc:  # noqa: BLE001 - reported, never fatal
             out["tuned"] = {"error": _one_line(exc)}
             log(f"host section, autotuned plan: {_one_line(exc)}")
@@ -212,21 +229,20 @@ HOST_THD_BATCH = "te_cudnn THD, BatchLengths"
 HOST_THD_REUSE = "te_cudnn THD, reuse_lengths"
 
 
-def _host_thd_calls(tc: Any, h: int, d: int) -> dict[str, Callable[[], Any]]:
+def _host_thd_calls(h: int, d: int) -> dict[str, Callable[[], Any]]:
     """The host problem as a THD batch (four sequences, 64 tokens, padding_causal): the lengths
     and offsets derived from cu_seqlens on every call (the default), taken from a BatchLengths
     built once, and from the version-keyed cache of the ``reuse_lengths`` opt-in."""
-    from te_cudnn import varlen  # noqa: PLC0415
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     lens = (16, 24, 8, 16)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(sum(lens), h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
     kw = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal")
-    batch = tc.BatchLengths(cu)
+    batch = BatchLengths(cu)
 
     def per_call():
-        return tc.fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, **kw)
+        return fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, **kw)
 
     def reuse():  # the opt-in's flag set around the call alone: the other contenders keep the default
         varlen._reuse_by_version[0] = True
@@ -236,13 +252,13 @@ def _host_thd_calls(tc: Any, h: int, d: int) -> dict[str, Callable[[], Any]]:
             varlen._reuse_by_version[0] = False
 
     return {HOST_THD: per_call,
-            HOST_THD_BATCH: lambda: tc.fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, lengths=batch, **kw),
+            HOST_THD_BATCH: lambda: fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, lengths=batch, **kw),
             HOST_THD_REUSE: reuse}  # fmt: skip
 
 
-def _host_plan(tc: Any, b: int, h: int, s: int) -> Any:
+def _host_plan(b: int, h: int, s: int) -> Any:
     """te_cudnn's cached plan of the host problem (None if not there)."""
-    return next((p for p in tc.plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h
+    return next((p for p in plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h
                  and p.key.config.b == b), None)  # fmt: skip
 
 
@@ -250,7 +266,7 @@ def _plan_words(plan: Any) -> str:
     return f"{plan.plan_name}, workspace {plan.workspace_size} B"
 
 
-def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], tc: Any, bhs: tuple[int, int, int],
+def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], bhs: tuple[int, int, int],
                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     """The host problem again with its plan autotuned (``autotuning(True)`` around one call, as a
     user turns it on): the tuner may choose another engine, whose launch can cost less host
@@ -261,11 +277,11 @@ def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], tc: Any, 
     ctx = autotuning_context()
     if ctx is None:
         return {"error": "autotuning not available in this build"}
-    before = _host_plan(tc, *bhs)
+    before = _host_plan(*bhs)
     with ctx():
         fns[HOST_TE]()
     torch.cuda.synchronize()
-    plan = _host_plan(tc, *bhs)
+    plan = _host_plan(*bhs)
     if plan is None or getattr(plan, "tuning", None) is None:
         why = getattr(plan, "tuning_error", None) or "no tuning record"
         return {"error": f"the host problem's plan was not tuned: {why}"}
@@ -275,7 +291,6 @@ def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], tc: Any, 
     res: dict[str, Any] = {"us": us, "plan": _plan_words(plan), "heuristic_plan": None if before is None else _plan_words(before),
                            "speedup": plan.tuning.get("speedup"), "rule": plan.tuning.get("rule"),
                            "tuning": plan.tuning}  # fmt: skip
-    from ..plans.tune import format_record  # noqa: PLC0415
 
     log(format_record(plan.tuning, indent="  "))
     if HOST_YARDSTICK in us:
@@ -305,14 +320,11 @@ def _row(case: Case, contender: Contender, status: str, reason: str = "") -> dic
 
 
 def _plan_ids() -> set[int]:
-    from ..plans import plan_cache  # noqa: PLC0415
-
     return {id(p) for p in plan_cache.plans()}
 
 
 def _new_plans(before: set[int]) -> dict[str, Any]:
     """Build / load milliseconds of the plans te_cudnn added since ``before``."""
-    from ..plans import plan_cache  # noqa: PLC0415
 
     new = [p for p in plan_cache.plans() if id(p) not in before]
     built = [p for p in new if p.source != "store"]
@@ -337,14 +349,11 @@ def _new_plans(before: set[int]) -> dict[str, Any]:
 
 
 def _release_te_workspaces() -> int:
-    from ..ops import release_workspaces  # noqa: PLC0415
-
     return int(release_workspaces())
 
 
 def _prepare(contender: Contender, case: Case, inputs, row: dict[str, Any]):
     """Prepare, first call, peak memory; fills ``row``; returns the Run."""
-    from .te_contender import TeCudnn  # noqa: PLC0415
 
     is_te = isinstance(contender, TeCudnn)
     _release_te_workspaces()

@@ -8,6 +8,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..backends import REGISTRY
+from ..config import describe_fwd
+from ..decode import fused_attn_decode
+from ..enums import FusedAttnBackend
+from ..ops import fused_attn_bwd, fused_attn_fwd
+from ..runtime import current_env
+from ..selection import explain
 from .cases import Case
 from .contender import Contender, Run
 from .inputs import Inputs
@@ -27,16 +34,12 @@ def autotuning_context() -> Optional[Callable[[], Any]]:
 
 def _explain_reasons(case: Case, dtype: torch.dtype, env: Any) -> dict[str, list[str]]:
     """Every sub-backend's reasons for declining the case (te_cudnn's own rules)."""
-    from .. import explain  # noqa: PLC0415
-    from ..backends import REGISTRY  # noqa: PLC0415
 
     if not case.is_paged:
         ex = explain(case.training, dtype, dtype, case.layout, case.bias, case.mask, "vanilla", 0.0, case.h, case.hg,
                      case.sq, case.skv, case.d, case.d, batch_size=case.b, bias_shape=case.bias_shape, env=env)  # fmt: skip
         return ex.reasons
     # paged layouts need tensors to be described: shapes only, on the meta device
-    from ..config import describe_fwd  # noqa: PLC0415
-    from ..runtime import current_env  # noqa: PLC0415
 
     meta = torch.device("meta")
     pages = case.pages_per_seq
@@ -63,7 +66,6 @@ AUTOTUNE_DEFAULT_CASES = frozenset({"test_1", "test_3", "llama_h32_s8k", "llama_
 class TeCudnnRun(Run):
     def __init__(self, case: Case, inp: Inputs, backend: Optional[str], fp8: bool, ctx: Optional[Callable[[], Any]]):
         super().__init__()
-        from .. import FusedAttnBackend  # noqa: PLC0415
 
         self.case, self.inp, self.training, self.ctx = case, inp, case.training, ctx
         self.backend = None if backend is None else FusedAttnBackend[backend]
@@ -81,7 +83,6 @@ class TeCudnnRun(Run):
         else:
             self.q, self.k, self.v, self.d_o = inp.q, inp.k, inp.v, inp.d_o
         self.dtype = self.q.dtype
-        from .. import fused_attn_bwd, fused_attn_fwd  # noqa: PLC0415
 
         # everything bound once: the timed call is te_cudnn's call and nothing else
         self._fa_fwd, self._fa_bwd = fused_attn_fwd, fused_attn_bwd
@@ -181,7 +182,6 @@ class TeCudnnDecodeRun(Run):
 
     def __init__(self, case: Case, inp: Inputs, dense: bool):
         super().__init__()
-        from .. import fused_attn_decode  # noqa: PLC0415
 
         self._decode = fused_attn_decode
         self.q = inp.q

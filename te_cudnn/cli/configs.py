@@ -11,12 +11,14 @@ from typing import Any
 
 import torch
 
-from .. import explain, fused_attn_bwd, fused_attn_fwd, plan_cache
 from ..enums import AttnMaskType, QKVLayout
 from ..layouts import layout_info
+from ..ops import fused_attn_bwd, fused_attn_fwd
+from ..plans import plan_cache
 from ..plans.store import _default_root
 from ..plans.tune import autotuning, format_record, tune_key
 from ..runtime import HOPPER_CUDNN_919, current_env
+from ..selection import explain
 from ..testing import make_qkv
 from .common import CONFIG_KEYS, EXIT_FAILED, EXIT_USAGE, CliError, as_typed, emit, one_line, parse_dtype
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import explain
 from ..runtime import HOPPER_CUDNN_919, current_env
+from ..selection import explain
 from .common import EXIT_FAILED, EXIT_USAGE, EXPLAIN_FLAGS, CliError, as_typed, emit, one_line, parse_dtype
 
 __all__ = ["cmd_explain"]

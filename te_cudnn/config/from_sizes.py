@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..enums import AttnBiasType, AttnMaskType, QKVFormat, QKVLayout, SoftmaxType
-from ..layouts import layout_info
+from ..layouts import layout_info, layout_strides
 from ..ragged import bucket_batch, bucket_q_seqlen, bucket_seqlen, bucket_tokens
 from .checks import _scalar, _value, _window
 from .description import F16_DTYPES, FP8_DTYPES, AttnConfig
@@ -68,7 +68,6 @@ def describe_shapes(
     Used by :func:`te_cudnn.get_fused_attn_backend` / :func:`te_cudnn.explain` and to build
     and validate graphs without tensors. Malformed sizes raise ``ValueError``.
     """
-    from ..layouts import layout_strides  # noqa: PLC0415 - sibling module, avoid a cycle at import
 
     layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")
     info = layout_info(layout)

@@ -28,7 +28,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
+from .._version import __version__
+from ..backends import BY_ENUM
 from ..errors import GraphBuildError
+from ..runtime import cudnn_module, current_env, frontend_version
+from . import handles
 from .key import PlanKey
 from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
 
@@ -113,7 +117,6 @@ def _heuristics(cudnn) -> list:
 
 def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
     """Build a graph spec into an executable plan, timing it; cuDNN errors -> GraphBuildError."""
-    from ..runtime import cudnn_module
 
     cudnn = cudnn_module()
     start = time.perf_counter()
@@ -145,9 +148,6 @@ def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
 def _machine_facts(device: int) -> dict[str, Any]:
     """Everything a serialized plan depends on besides its key (the store's fingerprint)."""
     import torch  # noqa: PLC0415
-
-    from .._version import __version__  # noqa: PLC0415
-    from ..runtime import current_env, frontend_version  # noqa: PLC0415
 
     env = current_env(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else None
@@ -204,9 +204,6 @@ def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
     """The plan deserialized from the store, or None (absent, bad or unloadable: warned once per
     cause). Its operand uids come from the key; a file whose header says otherwise is skipped.
     ``need_tuning``: only a plan with a tuning record (checked before deserializing)."""
-    from ..backends import BY_ENUM  # noqa: PLC0415
-    from ..runtime import cudnn_module  # noqa: PLC0415
-    from .handles import handle_for  # noqa: PLC0415
 
     try:
         entry = store.load(desc)
@@ -229,7 +226,7 @@ def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
     try:
         t_read = time.perf_counter()
         g = cudnn_module().pygraph()
-        g.deserialize(handle_for(key.config.device), entry.blob)
+        g.deserialize(handles.handle_for(key.config.device), entry.blob)
         t_deser = time.perf_counter()
         return CompiledPlan(key, g, uids, int(g.get_workspace_size()), str(entry.header.get("plan_name", "unknown")),
                             time.perf_counter() - start, source="store",
@@ -270,7 +267,6 @@ def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPl
     tuning record is loaded; otherwise the key is tuned (:func:`~te_cudnn.plans.tune.tune_plan`)
     and the tuned plan, with its record, replaces the stored one. A stored tuned plan is loaded
     with autotuning off too: tuning is paid once per store fingerprint (GPU model, versions)."""
-    from ..backends import BY_ENUM  # noqa: PLC0415
     if not BY_ENUM[key.backend].caps.persistable:  # plans whose deserialized form cannot run: build
         return build_plan(key, make_spec)
     tuner = _tuner[0]

@@ -21,6 +21,8 @@ import statistics
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
+from ..enums import FusedAttnBackend
+from .key import Direction
 from .order import order_rng, round_order
 
 __all__ = ["PARTS", "splittable", "split_choices", "split_config", "part_slices", "slice_operand", "measure_splits",
@@ -35,8 +37,6 @@ PARTS = (2, 4)
 def splittable(key: Any) -> bool:
     """FP8 backward keys of dense layouts (the only measured cliff), without dropout (a part's
     Philox stream would differ from the whole call's) or a sink (its gradient sums over the batch)."""
-    from ..enums import FusedAttnBackend  # noqa: PLC0415
-    from .key import Direction  # noqa: PLC0415
 
     cfg = key.config
     return (key.backend == FusedAttnBackend.FP8 and key.direction == Direction.BWD and not cfg.is_ragged
