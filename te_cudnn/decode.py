@@ -11,7 +11,7 @@ A decode loop keeps the lengths anyway (flash-attention's ``cache_seqlens``, vLL
 key/value lengths (a view: no kernel; a strided or unaligned one is copied first), and the
 query side's lengths are a constant vector (``s_q`` each) made once per shape. With one new
 token and no window, O is not zero-filled where the engine was checked on this machine to
-write every row itself, zeros where a sequence's cache is empty (``te_cudnn.padded_rows``):
+write every row itself, zeros where a sequence's cache is empty (``te_cudnn.plans.padded_rows``):
 one call is then the allocation of O (and the softmax stats), the pointers, the launch. With
 ``s_q > 1`` the new tokens attend causally, aligned to the end of each sequence's cache
 (bottom-right), as in speculative decoding; that mask leaves the rows that see no key
@@ -48,7 +48,7 @@ from .first_call import _prepare_fwd
 from .ops import _meta, fwd_call_args
 from .prepared import _Prepared, _dependent_caches
 from .memo import SigMemo
-from .padded_rows import fills_out
+from .plans.padded_rows import fills_out
 from .plans.cache import next_tick
 from .policy import token as _policy_token
 
@@ -171,7 +171,7 @@ def fused_attn_decode(
     if plan is None or plan.evicted:
         plan = prep.get_plan()
         # one query row and no window: cuDNN writes every row, zeros for an empty cache, where this
-        # engine's check on this machine says so (te_cudnn.row_fill, te_cudnn.padded_rows)
+        # engine's check on this machine says so (te_cudnn.row_fill, te_cudnn.plans.padded_rows)
         dec.fill = dec.masked or fills_out(prep.cfg, prep.backend, plan)
     plan.hits += 1
     plan.last_used = next_tick()

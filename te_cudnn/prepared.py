@@ -23,7 +23,7 @@ from .launch import is_capturing as _is_capturing
 from .launch import kept as _kept
 from .memo import TEMPLATE_BYTES, SigMemo
 from .plans import CompiledPlan, handle_for, plan_cache
-from .padded_rows import fills_grads, fills_out
+from .plans.padded_rows import fills_grads, fills_out
 from .row_fill import Lengths
 
 
@@ -80,7 +80,7 @@ class _Prepared:
                 plan = self.plan = plan_cache.get_or_build(
                     self.key, lambda: backend.build(cfg, self.key.direction, handle_for(device))
                 )
-                if self.varlen:  # the fills this plan's engine needs (te_cudnn.row_fill, te_cudnn.padded_rows)
+                if self.varlen:  # the fills this plan's engine needs (te_cudnn.row_fill, te_cudnn.plans.padded_rows)
                     if self.key.direction == Direction.FWD:
                         self.fill_out = fills_out(cfg, backend, plan)
                     else:

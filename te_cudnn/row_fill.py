@@ -27,7 +27,7 @@ TransformerEngine does for THD. The rule:
      between and after the sequences of a token buffer belong to no sequence, so no launch is
      asked to write them;
    * the call's plan is given and its engine was checked on this machine
-     (:func:`te_cudnn.padded_rows.rows_verified`: a probe that runs the plan with partial
+     (:func:`te_cudnn.plans.padded_rows.rows_verified`: a probe that runs the plan with partial
      lengths into NaN-prefilled results, recorded per GPU architecture, cuDNN version and
      engine configuration in the plan store, or in memory without one).
 
@@ -78,10 +78,10 @@ def length_remap(cfg: AttnConfig, backend: SubBackend) -> Lengths:
 
 def skips_out_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
     """The static rule for O: whether te_cudnn may leave the rows past each sequence's end to
-    cuDNN, once the engine is checked (``te_cudnn.padded_rows.fills_out``)."""
+    cuDNN, once the engine is checked (``te_cudnn.plans.padded_rows.fills_out``)."""
     return length_remap(cfg, backend) is not Lengths.AS_GIVEN and _remappable(cfg, backend)
 
 
 def skips_grads_fill(cfg: AttnConfig, backend: SubBackend) -> bool:
-    """The static rule for dQ, dK and dV, likewise (``te_cudnn.padded_rows.fills_grads``)."""
+    """The static rule for dQ, dK and dV, likewise (``te_cudnn.plans.padded_rows.fills_grads``)."""
     return length_remap(cfg, backend) is Lengths.EVERY_KEY and not cfg.deterministic

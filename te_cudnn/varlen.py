@@ -27,7 +27,7 @@ import torch
 from .config import AttnConfig, _check_cu_seqlens
 from .launch import capture_id, current_raw_stream, is_capturing, kept
 from .ragged import every_key_lens
-from .padded_rows import fills_grads, fills_out
+from .plans.padded_rows import fills_grads, fills_out
 from .row_fill import Lengths, length_remap
 
 if TYPE_CHECKING:

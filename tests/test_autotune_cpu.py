@@ -465,7 +465,7 @@ def test_operands_match_the_graph_and_hold_valid_runtime_data(case: str) -> None
 
 
 def test_operands_bind_given_lengths_and_token_offsets() -> None:
-    """The padded-row checks (te_cudnn.padded_rows) bind partial lengths and THD offsets with
+    """The padded-row checks (te_cudnn.plans.padded_rows) bind partial lengths and THD offsets with
     gaps through the same synthesis; everything else is what the default gives."""
     backend, direction, over = OPERAND_CASES["thd_bwd"]
     cfg = make_key(backend, direction, sizes_config(**over), 91900, "1.32.0").config

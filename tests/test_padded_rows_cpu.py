@@ -1,4 +1,4 @@
-"""te_cudnn.padded_rows without a GPU: the lengths a check binds, the row-by-row check of
+"""te_cudnn.plans.padded_rows without a GPU: the lengths a check binds, the row-by-row check of
 results (real frontend graphs, operands on CPU, an "engine" simulated by writing the outputs),
 the record and its round trip through a real plan store, when a probe runs and what
 ``rows_verified`` answers (a fake probe; a capture answers "fill"), the fill decision of
@@ -29,7 +29,7 @@ from te_cudnn.plans import tune as tune_mod
 from te_cudnn.plans.store import RECORDS_FORMAT, PlanStore
 from te_cudnn.plans.tune import (Candidate, TuningError, check_error, choose, make_operands, measure, result_checks,
                                  run_checks)
-from te_cudnn.padded_rows import fills_grads, fills_out
+from te_cudnn.plans.padded_rows import fills_grads, fills_out
 from te_cudnn.row_fill import Lengths
 from te_cudnn.runtime import RuntimeEnv
 

@@ -1,4 +1,4 @@
-"""GPU suite for ``te_cudnn.padded_rows``: every engine the autotuner may pick, for a
+"""GPU suite for ``te_cudnn.plans.padded_rows``: every engine the autotuner may pick, for a
 padding-mask key (bshd) and a THD key, forward and backward, on batches with an empty
 sequence, sequences shorter than the maximum on the query and the key side, and (THD) gaps
 between sequences and spare tokens after the last.

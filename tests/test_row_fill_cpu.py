@@ -20,7 +20,7 @@ from te_cudnn.backends import BY_ENUM
 from te_cudnn.config import describe_fwd
 from te_cudnn.enums import FusedAttnBackend, QKVLayout
 from te_cudnn.ragged import every_key_lens, one_query_lens
-from te_cudnn.padded_rows import fills_grads, fills_out
+from te_cudnn.plans.padded_rows import fills_grads, fills_out
 from te_cudnn.row_fill import Lengths, length_remap, skips_grads_fill, skips_out_fill
 
 F16 = BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen]

@@ -281,8 +281,8 @@ def _check_out_rows(mask, sq, lens_q, lens_kv):
     torch.testing.assert_close(out[valid].float(), ref[valid], rtol=2e-2, atol=2e-2)
     prep = next(p for p in tc.ops._fwd_memo.values() if p.cfg.sq == sq and p.cfg.b == b and p.cfg.mask.name == mask)
     # te_cudnn.row_fill: longer queries under bottom-right causal keep the fill (rows that see no key); elsewhere
-    # the fill is skipped only for an engine whose check on this machine passed (te_cudnn.padded_rows)
-    from te_cudnn.padded_rows import record_for  # noqa: PLC0415
+    # the fill is skipped only for an engine whose check on this machine passed (te_cudnn.plans.padded_rows)
+    from te_cudnn.plans.padded_rows import record_for  # noqa: PLC0415
 
     record = record_for(prep.plan)
     if sq > 1 and mask == "padding_causal_bottom_right":

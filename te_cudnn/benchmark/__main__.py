@@ -1,6 +1,6 @@
 import sys
 
-from ..cli import quiet_broken_pipe
+from ..pipes import quiet_broken_pipe
 from .cli import main
 
 sys.exit(quiet_broken_pipe(main))

@@ -17,7 +17,7 @@ always one writer's whole file).
 
 Beside a plan, ``<entry>.records`` holds what was checked about its key on this kind of
 machine (:meth:`PlanStore.save_record` / :meth:`PlanStore.load_record`): JSON records by kind
-and by name, e.g. ``te_cudnn.padded_rows``' verdict per engine configuration. The file repeats
+and by name, e.g. ``te_cudnn.plans.padded_rows``' verdict per engine configuration. The file repeats
 the fingerprint, the facts and the plan key, and is read only where all three match, under
 the same ownership rules as plan files. It is written atomically with a read-modify-write (two
 processes recording at once may lose one record, which is then checked again). Eviction takes

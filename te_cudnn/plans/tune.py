@@ -21,7 +21,7 @@ What tuning a key does (:func:`tune_plan`, on the plan cache's miss path):
    (:data:`te_cudnn.tolerances.TOLERANCES` ceiling; :data:`FP8_AGREEMENT` for FP8) is excluded,
    with the reason, as is one that fails or needs more workspace than the limit. These runs
    (:func:`result_checks`) bind, for padding masks and THD, partial lengths as calls bind them
-   (an empty sequence, shorter ones, a full one, THD gaps: ``te_cudnn.padded_rows``), into
+   (an empty sequence, shorter ones, a full one, THD gaps: ``te_cudnn.plans.padded_rows``), into
    results (O; dQ, dK, dV) prefilled with NaN; a candidate, the heuristic plan included, that
    leaves a row past a sequence's end not exactly zero or a row inside one not finite is
    excluded with the rows named ("padded rows: ..."), and is never chosen. Where te_cudnn

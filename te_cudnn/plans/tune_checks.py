@@ -15,7 +15,7 @@ import torch
 
 from ..backends import BY_ENUM, Direction
 from ..backends.base import Uid
-from ..padded_rows import ResultCheck, probe_batches
+from .padded_rows import ResultCheck, probe_batches
 from ..row_fill import skips_grads_fill, skips_out_fill
 from ..tolerances import TOLERANCES
 
@@ -41,9 +41,9 @@ def agreement_error(name: str, actual: Any, reference: Any, tol: float) -> Optio
 
 
 def result_checks(key: Any, graph: Any, uids: Sequence[int], ops: dict[int, Any], device: Any) -> list[Any]:
-    """The runs of the agreement check (:class:`te_cudnn.padded_rows.ResultCheck`): for padding
+    """The runs of the agreement check (:class:`te_cudnn.plans.padded_rows.ResultCheck`): for padding
     masks and THD, partial lengths as calls bind them (an empty sequence, shorter ones, a full
-    one; :func:`te_cudnn.padded_rows.probe_batches`), sharing ``ops``' inputs and outputs.
+    one; :func:`te_cudnn.plans.padded_rows.probe_batches`), sharing ``ops``' inputs and outputs.
     The promised results (O; dQ, dK, dV) are prefilled with NaN, so a row an engine leaves
     unwritten shows; where te_cudnn zero-fills them for this key whatever the engine
     (``te_cudnn.row_fill``'s static rule), the rows past each sequence's end start at zero, as

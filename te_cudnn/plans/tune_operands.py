@@ -3,7 +3,7 @@
 :func:`make_operands` allocates a buffer for every operand uid with the graph's own dims,
 strides and dtypes, and fills the operands cuDNN reads as data with valid contents (full
 sequence lengths, dense ragged offsets, identity page tables, a fixed dropout seed, FP8 scales);
-:func:`length_operands` makes only the lengths and ragged offsets (``te_cudnn.padded_rows``
+:func:`length_operands` makes only the lengths and ragged offsets (``te_cudnn.plans.padded_rows``
 binds partial lengths with it). :mod:`te_cudnn.plans.tune` re-exports both.
 """
 

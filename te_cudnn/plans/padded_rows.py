@@ -43,14 +43,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .backends import BY_ENUM, Direction, SubBackend, Uid
-from .config import AttnConfig
-from .plans.cache import store_for
-from .plans.handles import handle_for
-from .plans.tune_operands import length_operands, make_operands
-from .ragged import every_key_lens, one_query_lens
-from .row_fill import Lengths, length_remap, skips_grads_fill, skips_out_fill
-from .runtime import current_env
+from ..backends import BY_ENUM, Direction, SubBackend, Uid
+from ..config import AttnConfig
+from .cache import store_for
+from .handles import handle_for
+from .tune_operands import length_operands, make_operands
+from ..ragged import every_key_lens, one_query_lens
+from ..row_fill import Lengths, length_remap, skips_grads_fill, skips_out_fill
+from ..runtime import current_env
 
 __all__ = [
     "fills_out", "fills_grads", "KIND", "RECORD_SEQUENCES", "RECORD_VERSION", "RESULTS", "ProbeBatch", "ResultCheck",
@@ -491,7 +491,7 @@ def _stored(plan: Any, direction: Direction) -> Optional[dict[str, Any]]:
     if device < 0:
         return None
     try:
-        from .runtime import current_env  # noqa: PLC0415
+        from ..runtime import current_env  # noqa: PLC0415
 
         env = current_env(device)
         store = _store(device)
