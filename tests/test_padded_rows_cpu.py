@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from te_cudnn import padded_rows as pr
+from te_cudnn.plans import padded_rows as pr
 from te_cudnn import runtime as runtime_mod
 from te_cudnn.backends import BY_ENUM, Direction, Uid
 from te_cudnn.enums import FusedAttnBackend

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import te_cudnn as tc
-from te_cudnn import padded_rows as pr
+from te_cudnn.plans import padded_rows as pr
 from te_cudnn.backends import BY_ENUM, Direction
 from te_cudnn.plans import CompiledPlan, PlanCache
 from te_cudnn.plans import cache as cache_mod
