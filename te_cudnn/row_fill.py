@@ -40,9 +40,8 @@ forward's lengths.
 from __future__ import annotations
 
 import enum
-from typing import Any
 
-from .backends import Direction, SubBackend
+from .backends import SubBackend
 from .config import AttnConfig
 from .enums import AttnBiasType, FusedAttnBackend
 

@@ -35,6 +35,7 @@ from te_cudnn.config import describe_shapes
 from te_cudnn.enums import FusedAttnBackend
 from te_cudnn.plans import PlanCache, make_key
 from te_cudnn.plans import cache as cache_mod
+from te_cudnn.plans import persist as persist_mod
 from te_cudnn.plans import tune as tune_mod
 from te_cudnn.plans.handles import handle_for
 from te_cudnn.plans.store import PlanStore
@@ -215,7 +216,7 @@ def store_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     root = tmp_path / "plans"
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", str(root))
     monkeypatch.delenv("TE_CUDNN_AUTOTUNE", raising=False)
-    monkeypatch.setattr(cache_mod, "_stores", {})  # store_for picks up the variable
+    monkeypatch.setattr(persist_mod, "_stores", {})  # store_for picks up the variable
     return root
 
 

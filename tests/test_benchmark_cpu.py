@@ -655,18 +655,18 @@ def test_a_run_gets_a_private_plan_store_by_default(monkeypatch, tmp_path):
     import os
 
     from te_cudnn.benchmark.runner import plan_store_for_run
-    from te_cudnn.plans import cache
+    from te_cudnn.plans import persist
 
     assert Settings().plan_store == "fresh"
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", "/the/callers/store")
-    monkeypatch.setattr(cache, "_stores", {0: "the caller's store object"})
+    monkeypatch.setattr(persist, "_stores", {0: "the caller's store object"})
     with plan_store_for_run("fresh") as value:
         private = Path(value)
         assert os.environ["TE_CUDNN_PLAN_STORE"] == value and private.is_dir() and not any(private.iterdir())
-        assert cache._stores == {}
-        cache._stores[0] = "the run's store object"
+        assert persist._stores == {}
+        persist._stores[0] = "the run's store object"
     assert not private.exists() and os.environ["TE_CUDNN_PLAN_STORE"] == "/the/callers/store"
-    assert cache._stores == {}
+    assert persist._stores == {}
     with plan_store_for_run("default") as value:
         assert value is None and os.environ["TE_CUDNN_PLAN_STORE"] == "/the/callers/store"
     for setting in ("off", str(tmp_path)):
@@ -810,3 +810,22 @@ def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
     finally:
         sys.path.remove(str(REPO / "tools"))
     assert module.__doc__ and module.__doc__.strip(), f"tools/{script}.py has no docstring"
+
+
+def test_report_and_runner_still_export_what_moved_to_modules_of_one_concern() -> None:
+    """:mod:`.report` and :mod:`.runner` re-export the names that moved into the modules of one
+    concern beside them: the same objects, under the names importers use."""
+    from te_cudnn.benchmark import chart, csv_json, markdown, ratios, rows, runner, targets
+    from te_cudnn.benchmark import environment as environment_module
+    from te_cudnn.benchmark import host_section as host_section_module
+    from te_cudnn.benchmark import settings as settings_module
+
+    assert all(hasattr(report, n) for n in report.__all__) and all(hasattr(runner, n) for n in runner.__all__)
+    assert (report.flat_rows, report.CSV_FIELDS, report.REFERENCE) == (rows.flat_rows, rows.CSV_FIELDS, rows.REFERENCE)
+    assert (report.to_csv, report.read_csv, report.to_json) == (csv_json.to_csv, csv_json.read_csv, csv_json.to_json)
+    assert (report.to_markdown, report.to_summary) == (markdown.to_markdown, markdown.to_summary)
+    assert (report.paired_ratio, report.median_interval) == (ratios.paired_ratio, ratios.median_interval)
+    assert (report.MEM_TARGET, report.DECODE_TARGET_PCT) == (targets.MEM_TARGET, targets.DECODE_TARGET_PCT)
+    assert report.write_chart is chart.write_chart
+    assert runner.Settings is settings_module.Settings and runner.environment is environment_module.environment
+    assert runner.host_section is host_section_module.host_section

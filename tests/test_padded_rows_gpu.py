@@ -33,6 +33,7 @@ from te_cudnn.plans import padded_rows as pr
 from te_cudnn.backends import BY_ENUM, Direction
 from te_cudnn.plans import CompiledPlan, PlanCache
 from te_cudnn.plans import cache as cache_mod
+from te_cudnn.plans import persist as persist_mod
 from te_cudnn.plans import tune as tune_mod
 from te_cudnn.plans.handles import handle_for
 from te_cudnn.row_fill import skips_grads_fill, skips_out_fill
@@ -141,7 +142,7 @@ def store_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     root = tmp_path / "plans"
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", str(root))
     monkeypatch.delenv("TE_CUDNN_AUTOTUNE", raising=False)
-    monkeypatch.setattr(cache_mod, "_stores", {})
+    monkeypatch.setattr(persist_mod, "_stores", {})
     tc.plan_cache.clear()
     pr.forget()
     yield root
@@ -291,7 +292,7 @@ def test_no_probe_inside_a_capture(store_env, monkeypatch: pytest.MonkeyPatch) -
     key = _only_key(Direction.FWD)
     plan = tc.plan_cache.find(key)
     pr.forget()
-    monkeypatch.setattr(cache_mod, "_stores", {})  # a store without records (the launch may have made one)
+    monkeypatch.setattr(persist_mod, "_stores", {})  # a store without records (the launch may have made one)
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", str(store_env.parent / "empty-store"))
     assert pr.record_for(plan) is None  # the device's store is set up here, outside the capture
     calls = []

@@ -31,7 +31,9 @@ from te_cudnn.enums import FusedAttnBackend
 from te_cudnn.plans import CompiledPlan, PlanCache, PlanKey
 from te_cudnn.plans import cache as cache_mod
 from te_cudnn.plans import handles as handles_mod
+from te_cudnn.plans import persist as persist_mod
 from te_cudnn.plans import store as store_mod
+from te_cudnn.plans import store_files as store_files_mod
 from te_cudnn.plans.store import (
     MAGIC, PLAN_FORMAT_VERSION, SUFFIX, PlanFileError, PlanStore, StoredPlan, UntrustedStoreError, default_store,
     env_number, fingerprint_of,
@@ -206,7 +208,7 @@ def test_plan_format_version_is_in_the_fingerprint(monkeypatch: pytest.MonkeyPat
     facts = cache_mod._machine_facts(-1)  # what a process fingerprints its store with (no GPU: sm and count None)
     assert facts["plan_format"] == PLAN_FORMAT_VERSION and isinstance(PLAN_FORMAT_VERSION, int)
     assert {"gpu", "sm", "sm_count", "cudnn", "frontend", "te_cudnn"} <= set(facts)
-    monkeypatch.setattr(cache_mod, "PLAN_FORMAT_VERSION", PLAN_FORMAT_VERSION + 1)
+    monkeypatch.setattr(persist_mod, "PLAN_FORMAT_VERSION", PLAN_FORMAT_VERSION + 1)
     bumped = cache_mod._machine_facts(-1)
     assert bumped == {**facts, "plan_format": PLAN_FORMAT_VERSION + 1}
     old, new = PlanStore(tmp_path, facts), PlanStore(tmp_path, bumped)
@@ -379,7 +381,7 @@ def _as_another_user(monkeypatch: pytest.MonkeyPatch, path: Path, how: str) -> N
             pytest.skip("changing a file's owner needs root")
         os.chown(path, 54321, 54321, follow_symlinks=False)
     else:  # the process runs as another user than the one owning everything here
-        monkeypatch.setattr(store_mod, "_euid", lambda: os.geteuid() + 4321)
+        monkeypatch.setattr(store_files_mod, "_euid", lambda: os.geteuid() + 4321)  # where the checks read it
 
 
 @pytest.mark.parametrize("how", ["chown", "euid"])
@@ -446,7 +448,7 @@ def test_size_cap(monkeypatch: pytest.MonkeyPatch, store: PlanStore) -> None:
     small, big = desc(), desc(max_seqlen_q=1024)
     store.save(small, b"s" * 1000)
     path = store.save(big, b"b" * 10_000)
-    monkeypatch.setattr(store_mod, "MAX_FILE_BYTES", 5000)
+    monkeypatch.setattr(store_files_mod, "MAX_FILE_BYTES", 5000)  # where _read_file reads it
     with Recorder() as seen:
         assert store.load(big) is None
     assert len(seen) == 1 and "limit for a plan file" in seen[0] and str(path) in seen[0]
@@ -619,9 +621,9 @@ def test_store_setup_failure_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> 
     def broken(device: int):
         raise RuntimeError("CUDA driver gone")
 
-    monkeypatch.setattr(cache_mod, "_machine_facts", broken)
-    monkeypatch.setattr(cache_mod, "_stores", {})
-    monkeypatch.setattr(cache_mod, "_warned", set())
+    monkeypatch.setattr(persist_mod, "_machine_facts", broken)
+    monkeypatch.setattr(persist_mod, "_stores", {})
+    monkeypatch.setattr(persist_mod, "_warned", set())
     with Recorder() as seen:
         assert cache_mod.store_for(0) is None and cache_mod.store_for(1) is None and cache_mod.store_for(0) is None
     assert len(seen) == 1 and "plan store is not available" in seen[0] and "CUDA driver gone" in seen[0]
@@ -629,12 +631,12 @@ def test_store_setup_failure_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_devices_of_one_model_share_one_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", str(tmp_path))
-    monkeypatch.setattr(cache_mod, "_machine_facts", lambda device: dict(FACTS))
-    monkeypatch.setattr(cache_mod, "_stores", {})
+    monkeypatch.setattr(persist_mod, "_machine_facts", lambda device: dict(FACTS))
+    monkeypatch.setattr(persist_mod, "_stores", {})
     s0, s1 = cache_mod.store_for(0), cache_mod.store_for(1)
     assert s0 is s1 and s0.root == tmp_path  # and so its once-per-cause warnings
     monkeypatch.setenv("TE_CUDNN_PLAN_STORE", "off")
-    monkeypatch.setattr(cache_mod, "_stores", {})
+    monkeypatch.setattr(persist_mod, "_stores", {})
     assert cache_mod.store_for(0) is None
 
 
@@ -667,15 +669,16 @@ def test_operand_uids_of_the_key_are_the_builders(backend: FusedAttnBackend, ove
 
 
 # ----------------------------------------------------------------------------- concurrent writers and readers
-# The children run only the store module (stdlib only), loaded from its file by path: importing
-# the te_cudnn package would import torch in each spawned child (seconds each). ``exec`` is the
-# target so that unpickling it in the child imports nothing from this module.
+# The children run only the store's modules (stdlib only), loaded from their directory as a
+# package of their own: importing the te_cudnn package would import torch in each spawned child
+# (seconds each). ``exec`` is the target so that unpickling it in the child imports nothing from
+# this module.
 _CHILD = """
-import hashlib, importlib.util, sys, warnings
-spec = importlib.util.spec_from_file_location("_plan_store_standalone", store_file)
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
+import hashlib, importlib, os, sys, types, warnings
+pkg = types.ModuleType("_plan_store_standalone")
+pkg.__path__ = [os.path.dirname(store_file)]  # store.py and the sibling modules it imports
+sys.modules[pkg.__name__] = pkg
+mod = importlib.import_module(pkg.__name__ + "." + os.path.splitext(os.path.basename(store_file))[0])
 s = mod.PlanStore(root, facts)
 barrier.wait(timeout=60)
 if role == "writer":

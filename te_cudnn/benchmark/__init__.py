@@ -6,8 +6,10 @@ autotuned where available), the same cuDNN graph built by hand with the frontend
 chart. One concern per module: :mod:`.cases` (what is measured), :mod:`.inputs` (the shared
 tensors), :mod:`.contenders` (the interface and the roster) with :mod:`.te_contender`,
 :mod:`.handbuilt` and :mod:`.torch_contenders` (who runs it, and why not), :mod:`.measure`
-(sampling on the device, with :mod:`te_cudnn.timing`), :mod:`.runner` (the run), :mod:`.report`
-(rendering), :mod:`.cli` (the command).
+(sampling on the device, with :mod:`te_cudnn.timing`), :mod:`.runner` (the run; with
+:mod:`.settings`, :mod:`.environment`, :mod:`.host_section`, :mod:`.prepare` and :mod:`.failures`),
+:mod:`.report` (rendering; with :mod:`.rows`, :mod:`.ratios`, :mod:`.csv_json`, :mod:`.markdown`,
+:mod:`.targets`, :mod:`.formatting` and :mod:`.chart`), :mod:`.cli` (the command).
 
 Importing this package touches no CUDA; running needs a GPU.
 """

@@ -6,6 +6,11 @@ and probed for peak memory; then every mode (fwd, bwd, fwd+bwd; decode: fwd) is 
 of them interleaved, eager and as CUDA-graph replay. A contender that declines is recorded as
 ``skipped`` with its reason, one that fails as ``error`` with the exception's first line;
 neither stops the run. The result is a plain dict (see :mod:`.report`).
+
+Here: the case loop (:func:`run_case`, :func:`_time_mode`) and the run around it
+(:func:`run_benchmark`). Beside it: :mod:`.settings`, :mod:`.environment` (versions, ceilings),
+:mod:`.host_section` (host time per cached call), :mod:`.prepare` (one contender before it is
+timed), :mod:`.failures` (recording what failed).
 """
 
 from __future__ import annotations
@@ -13,291 +18,39 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
-import subprocess
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .. import varlen
-from ..ops import fused_attn_fwd, release_workspaces
-from ..plans import plan_cache
 from ..plans.cache import forget_stores
-from ..plans.tune import format_record
-from ..runtime import versions
-from ..varlen import BatchLengths
 from .cases import Case
 from .contender import Contender
-from .handbuilt import HandGraphs
-from .inputs import make_inputs, tensor_bytes
+from .environment import environment, measure_peaks
+from .failures import _add, _one_line, _sync_quietly
+from .host_section import host_section
+from .inputs import make_inputs
 from .measure import (
     EAGER_LEAD,
     adjacent_ratios,
     capture,
-    copy_bandwidth_gbps,
     eager_sampler,
     event_ms,
-    fp8_matmul_peak_tflops,
     free_memory,
     graph_sampler,
-    host_medians,
     interleaved,
     lead_count,
-    matmul_peak_tflops,  # fmt: skip
     summarize,
 )
-from .te_contender import TeCudnn, autotuning_context
+from .prepare import _check_output, _prepare
+from .settings import Settings
 
 __all__ = ["Settings", "run_benchmark", "plan_store_for_run", "environment", "host_section", "SCHEMA"]
 
 SCHEMA = "te_cudnn.benchmark/1"
-
-
-@dataclass
-class Settings:
-    """How long and how carefully to time. ``quick()`` is the one-minute run."""
-
-    quick: bool = False
-    rounds: int = 20  # at most, per case and mode
-    min_rounds: int = 5
-    mode_budget_s: float = 1.2  # timing seconds per case and mode; rounds shrink to fit (not below min_rounds)
-    sample_ms: float = 2.0  # each sample times at least this much work: reps = sample_ms / call time
-    max_reps: int = 50
-    graph_max_ms: float = 20.0  # calls longer than this are timed eagerly only (launch gaps are noise there)
-    lead_ms: float = 20.0  # untimed work of the same contender before each sample (the GPU's clocks settle to it)
-    order_seed: int = 0  # the rounds' orders (measure.interleaved)
-    pair_seconds: float = 1.0  # per case, comparison (SAME_ENGINE) and kind: adjacent a, b, b, a samples; 0: none
-    graphs: bool = True
-    host: bool = True
-    host_rounds: int = 15
-    host_calls: int = 2000
-    host_tuned: bool = True  # the host problem again with its plan autotuned (rounds of its own)
-    peaks: bool = True
-    deadline_s: float = 600.0  # no case or contender starts after this many seconds (a full H100 run: ~500 s)
-    every_case: bool = False  # FlexAttention and te_cudnn autotuned on every case, not their default subsets
-    plan_store: str = "fresh"  # "fresh" (a private empty store for the run), "default", "off" or a directory
-
-    @classmethod
-    def for_run(cls, quick: bool, rounds: Optional[int] = None, **over: Any) -> "Settings":
-        s = cls(quick=True, rounds=10, min_rounds=3, mode_budget_s=0.4, host_rounds=7, host_calls=1000,
-                deadline_s=150.0, pair_seconds=0.3) if quick else cls()  # fmt: skip
-        if rounds is not None:
-            s.rounds = max(1, rounds)
-            s.min_rounds = min(s.min_rounds, s.rounds)
-        for k, v in over.items():
-            setattr(s, k, v)
-        return s
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
-
-
-# ---------------------------------------------------------------------------- environment
-def _driver_version() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
-        line = out.stdout.strip().splitlines()
-        if out.returncode == 0 and line:
-            return line[0].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
-
-
-def environment() -> dict[str, Any]:
-    """What the numbers were measured on: GPU, driver, CUDA, cuDNN, torch, frontend, te_cudnn."""
-
-    env: dict[str, Any] = dict(versions())
-    env["driver"] = _driver_version() if torch.cuda.is_available() else "none"
-    env["python"] = platform.python_version()
-    env["torch_cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else "none"
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
-        env["sm_count"] = p.multi_processor_count
-    env["time"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return env
-
-
-def measure_peaks(log: Callable[[str], None]) -> dict[str, Any]:
-    peaks: dict[str, Any] = {}
-    for key, fn in (("matmul_bf16_tflops", matmul_peak_tflops), ("matmul_fp8_tflops", fp8_matmul_peak_tflops),
-                    ("copy_gbps", copy_bandwidth_gbps)):  # fmt: skip
-        try:
-            peaks[key] = fn()
-        except Exception as exc:  # noqa: BLE001 - a ceiling we could not measure is left out
-            peaks[key] = None
-            peaks[f"{key}_error"] = _one_line(exc)
-    free_memory()
-    log(f"ceilings: bf16 matmul {_fmt(peaks.get('matmul_bf16_tflops'))} TFLOP/s, fp8 matmul "
-        f"{_fmt(peaks.get('matmul_fp8_tflops'))} TFLOP/s, device copy {_fmt(peaks.get('copy_gbps'))} GB/s")  # fmt: skip
-    return peaks
-
-
-def _fmt(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{x:.0f}"
-
-
-# ---------------------------------------------------------------------------- host time
-#: ``host`` section: te_cudnn's cached call may cost at most this much more host time than the
-#: bare ``graph.execute`` of a hand-built graph (the report's target)
-HOST_TARGET_US = 3.0
-HOST_YARDSTICK = "bare graph.execute (hand-built graph)"
-HOST_TE = "te_cudnn fused_attn_fwd"
-#: the same call into preallocated O and stats, and the yardstick's graph with stats (what te_cudnn's
-#: forward computes, as TE's does): the like-for-like pair, reported beside the target's pair
-HOST_TE_PREALLOCATED = "te_cudnn, preallocated out and softmax_lse"
-HOST_YARDSTICK_STATS = "bare graph.execute (hand-built graph with stats)"
-
-
-def host_section(settings: Settings, log: Callable[[str], None]) -> dict[str, Any]:
-    """Host microseconds per cached forward call on a tiny problem (b=1, h=1, s=64, d=64, bf16,
-    bshd, no mask, inference), where the host is the bottleneck."""
-    import torch.nn.functional as F  # noqa: PLC0415
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-
-
-    b, h, s, d = 1, 1, 64, 64
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, s, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
-    kw = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
-    fns: dict[str, Callable[[], Any]] = {}
-    fns[HOST_TE] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, **kw)
-    o_pre = torch.empty_like(q)
-    lse_pre = torch.empty(b, h, s, 1, dtype=torch.float32, device="cuda")
-    fns["te_cudnn, preallocated out"] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None,
-                                                                    out=o_pre, **kw)  # fmt: skip
-    # like for like with the yardstick, which writes into outputs allocated once
-    fns[HOST_TE_PREALLOCATED] = lambda: fused_attn_fwd(False, s, s, cu, cu, q, k, v, q.dtype, None, out=o_pre,
-                                                          softmax_lse=lse_pre, **kw)  # fmt: skip
-    qb, kb, vb = (t.permute(0, 2, 1, 3) for t in (q, k, v))
-    hand = HandGraphs(qb, kb, vb, training=False, causal=False)
-    fns[HOST_YARDSTICK] = lambda: hand.gf.execute(hand.fpack, hand.workspace, handle=hand.handle)
-    hand_st = HandGraphs(qb, kb, vb, training=True, causal=False, d_o=torch.randn_like(qb))
-    fns[HOST_YARDSTICK_STATS] = lambda: hand_st.gf.execute(hand_st.fpack, hand_st.workspace, handle=hand_st.handle)
-
-    def sdpa():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(qb, kb, vb)
-
-    fns["torch SDPA cuDNN"] = sdpa
-    fns.update(_host_thd_calls(h, d))
-    notes = []
-    for name, fn in list(fns.items()):  # a contender that cannot run here is reported, not timed
-        try:
-            fn()
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"{name}: {_one_line(exc)}")
-            del fns[name]
-    us = host_medians(fns, settings.host_rounds, settings.host_calls, warmup=min(500, settings.host_calls))
-    out: dict[str, Any] = {"problem": "b=1 h=1 s=64 d=64 bf16 bshd no_mask, forward (inference), cached plan",
-                           "rounds": settings.host_rounds, "calls": settings.host_calls, "us": us,
-                           "yardstick": HOST_YARDSTICK, "te_cudnn": HOST_TE, "target_us": HOST_TARGET_US,
-                           "notes": notes}  # fmt: skip
-    if HOST_TE in us and HOST_YARDSTICK in us:
-        out["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
-    if HOST_TE_PREALLOCATED in us and HOST_YARDSTICK_STATS in us:
-        out["like_for_like"] = [HOST_TE_PREALLOCATED, HOST_YARDSTICK_STATS]
-        out["like_for_like_us"] = us[HOST_TE_PREALLOCATED] - us[HOST_YARDSTICK_STATS]
-    if HOST_THD_REUSE in us:  # what deriving the lengths on every call costs against reusing them
-        out["thd_vs_reuse_us"] = {n: us[n] - us[HOST_THD_REUSE] for n in (HOST_THD, HOST_THD_BATCH) if n in us}
-    plan = _host_plan(b, h, s)
-    if plan is not None:  # which engine and launch path te_cudnn's cached plan took (informational)
-        out["te_cudnn_launch"] = str(getattr(plan.launch, "mode", "unknown"))
-        out["te_cudnn_plan"] = _plan_words(plan)
-    log("host us per cached forward: " + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))
-    if settings.host_tuned and HOST_TE in fns:
-        try:
-            out["tuned"] = _host_tuned(settings, fns, (b, h, s), log)
-        except Exception as exc:  # noqa: BLE001 - reported, never fatal
-            out["tuned"] = {"error": _one_line(exc)}
-            log(f"host section, autotuned plan: {_one_line(exc)}")
-    return out
-
-
-HOST_THD = "te_cudnn THD, lengths per call"
-HOST_THD_BATCH = "te_cudnn THD, BatchLengths"
-HOST_THD_REUSE = "te_cudnn THD, reuse_lengths"
-
-
-def _host_thd_calls(h: int, d: int) -> dict[str, Callable[[], Any]]:
-    """The host problem as a THD batch (four sequences, 64 tokens, padding_causal): the lengths
-    and offsets derived from cu_seqlens on every call (the default), taken from a BatchLengths
-    built once, and from the version-keyed cache of the ``reuse_lengths`` opt-in."""
-
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    lens = (16, 24, 8, 16)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    q, k, v = (torch.randn(sum(lens), h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
-    kw = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal")
-    batch = BatchLengths(cu)
-
-    def per_call():
-        return fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, **kw)
-
-    def reuse():  # the opt-in's flag set around the call alone: the other contenders keep the default
-        varlen._reuse_by_version[0] = True
-        try:
-            return per_call()
-        finally:
-            varlen._reuse_by_version[0] = False
-
-    return {HOST_THD: per_call,
-            HOST_THD_BATCH: lambda: fused_attn_fwd(False, 32, 32, cu, cu, q, k, v, q.dtype, None, lengths=batch, **kw),
-            HOST_THD_REUSE: reuse}  # fmt: skip
-
-
-def _host_plan(b: int, h: int, s: int) -> Any:
-    """te_cudnn's cached plan of the host problem (None if not there)."""
-    return next((p for p in plan_cache.plans() if p.key.config.sq == s and p.key.config.h == h
-                 and p.key.config.b == b), None)  # fmt: skip
-
-
-def _plan_words(plan: Any) -> str:
-    return f"{plan.plan_name}, workspace {plan.workspace_size} B"
-
-
-def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], bhs: tuple[int, int, int],
-                log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
-    """The host problem again with its plan autotuned (``autotuning(True)`` around one call, as a
-    user turns it on): the tuner may choose another engine, whose launch can cost less host
-    time (on an H100 the heuristic plan memsets its 256-byte workspace before every launch, a
-    workspace-free engine does not). Timed in rounds of its own, interleaved with the
-    yardsticks again, after the untuned calls are done (the tuned plan replaces the untuned
-    one in the plan cache)."""
-    ctx = autotuning_context()
-    if ctx is None:
-        return {"error": "autotuning not available in this build"}
-    before = _host_plan(*bhs)
-    with ctx():
-        fns[HOST_TE]()
-    torch.cuda.synchronize()
-    plan = _host_plan(*bhs)
-    if plan is None or getattr(plan, "tuning", None) is None:
-        why = getattr(plan, "tuning_error", None) or "no tuning record"
-        return {"error": f"the host problem's plan was not tuned: {why}"}
-    names = (HOST_TE, HOST_TE_PREALLOCATED, HOST_YARDSTICK, HOST_YARDSTICK_STATS)
-    tuned_fns = {n: fns[n] for n in names if n in fns}
-    us = host_medians(tuned_fns, settings.host_rounds, settings.host_calls, warmup=min(500, settings.host_calls))
-    res: dict[str, Any] = {"us": us, "plan": _plan_words(plan), "heuristic_plan": None if before is None else _plan_words(before),
-                           "speedup": plan.tuning.get("speedup"), "rule": plan.tuning.get("rule"),
-                           "tuning": plan.tuning}  # fmt: skip
-
-    log(format_record(plan.tuning, indent="  "))
-    if HOST_YARDSTICK in us:
-        res["te_minus_yardstick_us"] = us[HOST_TE] - us[HOST_YARDSTICK]
-    log("host us per cached forward, autotuned plan (" + res["plan"] + "): "
-        + ", ".join(f"{n} {u:.1f}" for n, u in us.items()))  # fmt: skip
-    return res
 
 
 # ---------------------------------------------------------------------------- one case
@@ -317,102 +70,6 @@ def _skip_reason(contender: Contender, case: Case, settings: Settings) -> Option
 
 def _row(case: Case, contender: Contender, status: str, reason: str = "") -> dict[str, Any]:
     return {"case": case.name, "contender": contender.name, "status": status, "reason": reason}
-
-
-def _plan_ids() -> set[int]:
-    return {id(p) for p in plan_cache.plans()}
-
-
-def _new_plans(before: set[int]) -> dict[str, Any]:
-    """Build / load milliseconds of the plans te_cudnn added since ``before``."""
-
-    new = [p for p in plan_cache.plans() if id(p) not in before]
-    built = [p for p in new if p.source != "store"]
-    loaded = [p for p in new if p.source == "store"]
-    desc = []
-    for p in new:
-        direction = getattr(getattr(p.key, "direction", None), "value", "?")
-        tuning = getattr(p, "tuning", None)  # te_cudnn.plans.tune's record, where the plan was tuned
-        tuned = ""
-        if isinstance(tuning, dict):
-            sp = tuning.get("speedup")
-            tuned = ", tuned" + (f" {sp:.3f}x the heuristic plan" if isinstance(sp, (int, float)) else "")
-            split = tuning.get("split")
-            if isinstance(split, dict) and split.get("chosen"):  # an FP8 backward run in parts
-                tuned += f", runs as {split['chosen'][1]} parts ({split['chosen'][0]})"
-        desc.append(f"{direction} {p.plan_name} ({'loaded' if p.source == 'store' else 'built'} "
-                    f"{p.build_seconds * 1e3:.0f} ms, ws {p.workspace_size / 2**20:.1f} MiB{tuned})")  # fmt: skip
-    return {"build_ms": sum(p.build_seconds for p in built) * 1e3 if built else 0.0,
-            "load_ms": sum(p.build_seconds for p in loaded) * 1e3 if loaded else 0.0,
-            "plans_built": len(built), "plans_loaded": len(loaded),
-            "plans_tuned": sum(getattr(p, "tuning", None) is not None for p in new), "plans": "; ".join(desc)}  # fmt: skip
-
-
-def _release_te_workspaces() -> int:
-    return int(release_workspaces())
-
-
-def _prepare(contender: Contender, case: Case, inputs, row: dict[str, Any]):
-    """Prepare, first call, peak memory; fills ``row``; returns the Run."""
-
-    is_te = isinstance(contender, TeCudnn)
-    _release_te_workspaces()
-    torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated()
-    plans_before = _plan_ids() if is_te else set()
-    t0 = time.perf_counter()
-    run = contender.prepare(case, inputs)
-    r = run.first()
-    torch.cuda.synchronize()
-    row["first_call_ms"] = (time.perf_counter() - t0) * 1e3
-    del r
-    row.update(run.info)
-    row["precision"] = run.precision
-    if is_te:
-        row.update(_new_plans(plans_before))
-    # peak memory of one call (fwd+bwd; decode: fwd) above what the shared inputs hold: this
-    # contender's own state (preallocated outputs, workspaces) plus what the call allocates
-    torch.cuda.reset_peak_memory_stats()
-    r = run.first()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - held
-    row["peak_mib"] = peak / 2**20
-    if is_te:
-        results = tensor_bytes(r)
-        del r
-        ws = _release_te_workspaces()
-        row["workspace_mib"] = ws / 2**20
-        if case.training and run.precision == "bf16":
-            need = inputs.nbytes() + results + ws  # inputs (q, k, v, dO) + outputs (O, stats) + gradients + workspace
-            row["mem_ratio"] = (inputs.nbytes() + peak) / need
-    return run
-
-
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖ (Frobenius, fp32); inf where ``a`` holds NaN or Inf."""
-    a, b = a.detach().float(), b.detach().float()
-    if a.shape != b.shape:
-        raise ValueError(f"O has shape {tuple(a.shape)}, the reference {tuple(b.shape)}")
-    if not bool(torch.isfinite(a).all()):
-        return float("inf")
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
-
-
-def _check_output(run, row: dict[str, Any], ref: list) -> None:
-    """Compare the run's O with the case's reference O (the first bf16 contender's, te_cudnn's
-    when it runs): ``rel_err``. The first bf16 contender becomes the reference."""
-    try:
-        out = run.output()
-        torch.cuda.synchronize()
-        if not ref and run.precision == "bf16":
-            ref.append((row["contender"], out.detach().clone()))
-            row["rel_err"] = 0.0
-        elif ref:
-            row["rel_err"] = _rel_err(out, ref[0][1])
-        del out
-    except Exception as exc:  # noqa: BLE001 - a contender whose O cannot be read is still timed
-        _sync_quietly()
-        row["notes"] = _add(row.get("notes"), f"output check failed ({_one_line(exc)})")
 
 
 #: what a failed capture costs the rest of the run (pytorch/pytorch#190348, fixed after torch 2.11)
@@ -504,10 +161,6 @@ def _time_mode(mode: str, runs: dict[str, Any], rows: dict[str, dict], settings:
     torch.cuda.synchronize()
 
 
-def _add(notes: Optional[str], note: str) -> str:
-    return f"{notes}; {note}" if notes else note
-
-
 def run_case(case: Case, contenders: list[Contender], settings: Settings, deadline: float,
              log: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
     rows: dict[str, dict] = {}
@@ -578,13 +231,6 @@ def run_case(case: Case, contenders: list[Contender], settings: Settings, deadli
     parts = [f"{n} {r[head]:.4g}" for n, r in rows.items() if r["status"] == "ok" and head in r]
     log(f"{case.name:22} {head[:-3]} ms: " + (" | ".join(parts) or "nothing ran") + f"  ({time.monotonic() - t0:.1f} s)")
     return list(rows.values())
-
-
-def _sync_quietly() -> None:
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 # ---------------------------------------------------------------------------- everything

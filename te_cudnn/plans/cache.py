@@ -12,29 +12,35 @@ on): a plan carries its tuning record (``CompiledPlan.tuning``). The cache holds
 while autotuning is on, a lookup that finds an untuned plan treats it as a miss, and the tuned
 plan replaces it (the old one is marked evicted, so its holders look up again). While it is off,
 any plan serves, and nothing about lookups, builds or loads changes.
+
+Where the rest lives (each name also importable from here, as before): the plan type
+(``plans.compiled``), building (``plans.build``), the tuner interface (``plans.tuner``) and the
+process's plan store (``plans.persist``). :func:`build_or_load_plan`, the process cache's builder,
+stays here and looks up ``build_plan`` and ``store_for`` in this module on every call, so that
+replacing ``te_cudnn.plans.cache.build_plan`` or ``.store_for`` (as tests do) takes effect.
 """
 
 from __future__ import annotations
 
-import contextvars
-import errno
 import itertools
 import logging
 import os
 import threading
 import time
-import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from .._version import __version__
 from ..backends import BY_ENUM
-from ..errors import GraphBuildError
-from ..runtime import cudnn_module, current_env, frontend_version
-from . import handles
+# F401: names that moved out of this module stay importable from here
+from .build import _heuristics, build_plan, run_apart  # noqa: F401
+from .compiled import CompiledPlan, _tuning_summary  # noqa: F401
 from .key import PlanKey
-from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, env_number
+from .persist import (  # noqa: F401
+    _load_stored, _machine_facts, _save_built, _stores, _stores_lock, _warn_once, _warned, forget_stores, store_for,
+)  # fmt: skip
+from .store import PLAN_FORMAT_VERSION, env_number  # noqa: F401
+from .tuner import Tuner, _tuner, _tuning_wanted, use_tuner  # noqa: F401
 
 __all__ = ["CompiledPlan", "PlanCache", "CacheStats", "build_plan", "plan_cache", "run_apart", "forget_stores"]
 
@@ -43,56 +49,6 @@ _log = logging.getLogger("te_cudnn")
 #: ``TE_CUDNN_PLAN_CACHE_SIZE`` (plans kept in memory); a malformed value warns once and gives 512.
 DEFAULT_MAXSIZE = int(env_number("TE_CUDNN_PLAN_CACHE_SIZE", 512, integer=True,
                                  what="a positive whole number of plans"))
-
-
-@dataclass(eq=False)
-class CompiledPlan:
-    """A built cuDNN graph ready to execute, and what is known about it."""
-
-    key: PlanKey
-    graph: Any
-    uids: tuple[int, ...]
-    workspace_size: int
-    plan_name: str
-    build_seconds: float
-    hits: int = 0
-    last_used: int = 0  # recency stamp (a process-wide counter), for least-recently-used eviction
-    created: float = field(default_factory=time.time)
-    evicted: bool = False  # set when the cache drops it; holders then look it up again
-    launch: Any = None  # PlanLauncher: launch(buffers, workspace, handle)
-    source: str = "built"  # "built" here, or "store" (deserialized from the plan store)
-    stages: dict = field(default_factory=dict)  # seconds per build or load stage, for inspection
-    tuning: Optional[dict] = None  # the autotuning record (te_cudnn.plans.tune) when the plan is tuned
-    tuning_error: Optional[str] = None  # why tuning this plan's key failed (the heuristic plan serves)
-    tune_checked: bool = False  # landed while autotuning was on: not tuned again in this process
-
-    def __post_init__(self) -> None:
-        if self.launch is None:
-            from .execute import PlanLauncher
-
-            self.launch = PlanLauncher(self.graph, self.uids)
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "key": self.key.describe(),
-            "plan_name": self.plan_name,
-            "workspace_bytes": self.workspace_size,
-            "build_ms": round(self.build_seconds * 1e3, 3),
-            "stages_ms": {name: round(sec * 1e3, 3) for name, sec in self.stages.items()},
-            "source": self.source,
-            "hits": self.hits,
-            "direct_launch": bool(getattr(self.launch, "direct", False)),
-            "launch": getattr(self.launch, "mode", "custom"),
-            "tuned": self.tuning is not None,
-            **({"tuning": _tuning_summary(self.tuning)} if self.tuning is not None else {}),
-            **({"tuning_error": self.tuning_error} if self.tuning_error else {}),
-        }
-
-
-def _tuning_summary(record: dict) -> dict[str, Any]:
-    """What ``CompiledPlan.info()`` shows of a tuning record: the choice and every candidate."""
-    keys = ("chosen", "heuristic", "speedup", "rule", "candidates", "timestamp")
-    return {k: record.get(k) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -109,150 +65,6 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
-
-
-def _heuristics(cudnn) -> list:
-    return [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
-
-
-def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
-    """Build a graph spec into an executable plan, timing it; cuDNN errors -> GraphBuildError."""
-
-    cudnn = cudnn_module()
-    start = time.perf_counter()
-    spec = make_spec()
-    g = spec.graph
-    steps = (
-        ("validate", "validate", g.validate),
-        ("operation_graph", "build the operation graph of", g.build_operation_graph),
-        ("heuristics", "create execution plans for", lambda: g.create_execution_plans(_heuristics(cudnn))),
-        ("check_support", "check support of", g.check_support),
-        ("build_plans", "build plans for", g.build_plans),
-    )
-    stages = {"graph": time.perf_counter() - start}
-    for name, stage, step in steps:
-        t0 = time.perf_counter()
-        try:
-            step()
-        except Exception as exc:  # cudnnGraphNotSupportedError, RuntimeError from the backend, ...
-            raise GraphBuildError(key, stage, exc) from exc
-        stages[name] = time.perf_counter() - t0
-    workspace = int(g.get_workspace_size())
-    try:
-        plan_name = str(g.get_plan_name_at_index(int(getattr(g, "_plan_index", 0))))
-    except Exception:  # naming is informational only
-        plan_name = "unknown"
-    return CompiledPlan(key, g, spec.uids, workspace, plan_name, time.perf_counter() - start, stages=stages)
-
-
-def _machine_facts(device: int) -> dict[str, Any]:
-    """Everything a serialized plan depends on besides its key (the store's fingerprint)."""
-    import torch  # noqa: PLC0415
-
-    env = current_env(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else None
-    return {"gpu": env.device_name, "sm": env.sm, "sm_count": sms, "cudnn": env.cudnn_version,
-            "frontend": frontend_version(), "te_cudnn": __version__, "plan_format": PLAN_FORMAT_VERSION}  # fmt: skip
-
-
-_stores: dict[int, Any] = {}
-_stores_lock = threading.Lock()
-_warned: set[str] = set()  # causes already reported outside any one store
-
-
-def _warn_once(cause: str, message: str) -> None:
-    if cause not in _warned:
-        _warned.add(cause)
-        warnings.warn(message, stacklevel=3)
-
-
-def store_for(device: int):
-    """The plan store for a device: None when ``TE_CUDNN_PLAN_STORE=off``, or when it cannot be
-    set up (warned once). Devices with the same fingerprint (one GPU model) share one store,
-    and with it its once-per-cause warnings."""
-    store = _stores.get(device, False)
-    if store is not False:
-        return store
-    with _stores_lock:
-        if device in _stores:
-            return _stores[device]
-        try:
-            from .store import default_store  # noqa: PLC0415
-
-            store = default_store(_machine_facts(device))
-            if store is not None:  # one object per (root, fingerprint)
-                same = (s for s in _stores.values() if s is not None and (s.root, s.fingerprint) == (store.root, store.fingerprint))
-                store = next(same, store)
-        except Exception as exc:  # storing is an optimisation: never fail the call for it
-            _warn_once("store setup", f"te_cudnn: the plan store is not available ({type(exc).__name__}: {exc}); "
-                                      f"plans are built, not loaded or stored")  # fmt: skip
-            store = None
-        _stores[device] = store
-        return store
-
-
-def forget_stores() -> None:
-    """Forget which plan store each device uses: the next lookup reads ``TE_CUDNN_PLAN_STORE``
-    again (for a process that points the variable elsewhere after its first call, as
-    ``te-cudnn bench`` does for its private store). Plans already in the plan cache stay."""
-    with _stores_lock:
-        _stores.clear()
-
-
-def _load_stored(store, key: PlanKey, desc: dict[str, Any], start: float,
-                 need_tuning: bool = False) -> Optional[CompiledPlan]:  # fmt: skip
-    """The plan deserialized from the store, or None (absent, bad or unloadable: warned once per
-    cause). Its operand uids come from the key; a file whose header says otherwise is skipped.
-    ``need_tuning``: only a plan with a tuning record (checked before deserializing)."""
-
-    try:
-        entry = store.load(desc)
-    except Exception as exc:  # the store reports the contents it skips; this is anything else
-        store.warn_once(f"load:{type(exc).__name__}", f"te_cudnn: could not read the plan store {store.root} "
-                                                       f"({type(exc).__name__}: {exc}); building the plan instead")  # fmt: skip
-        return None
-    if entry is None:
-        return None
-    record, tuner = entry.header.get("tuning"), _tuner[0]
-    record = record if tuner is not None and tuner.valid_record(record) and \
-        record["chosen"]["name"] == entry.header.get("plan_name") else None  # fmt: skip
-    if need_tuning and record is None:
-        return None
-    uids = tuple(BY_ENUM[key.backend].operand_uids(key.config, key.direction))
-    if entry.header.get("uids") != list(uids):
-        store.warn_once("uids", f"te_cudnn: skipping plan file {entry.path}: its operand uids {entry.header.get('uids')} "
-                                f"are not the {list(uids)} that its key gives; the plan will be rebuilt")  # fmt: skip
-        return None
-    try:
-        t_read = time.perf_counter()
-        g = cudnn_module().pygraph()
-        g.deserialize(handles.handle_for(key.config.device), entry.blob)
-        t_deser = time.perf_counter()
-        return CompiledPlan(key, g, uids, int(g.get_workspace_size()), str(entry.header.get("plan_name", "unknown")),
-                            time.perf_counter() - start, source="store",
-                            stages={"read": t_read - start, "deserialize": t_deser - t_read}, tuning=record)  # fmt: skip
-    except Exception as exc:  # a plan this cuDNN cannot load: build it again
-        store.warn_once("deserialize", f"te_cudnn: could not load stored plan {entry.path}: {exc}; rebuilding")
-        return None
-
-
-def _save_built(store, key: PlanKey, desc: dict[str, Any], plan: CompiledPlan) -> None:
-    """Store a built plan; a failure (read-only store, disk full, ...) is warned once per cause."""
-    try:
-        blob = plan.graph.serialize(as_bytes=True)
-        meta = {"uids": list(plan.uids), "plan_name": plan.plan_name, "build_ms": round(plan.build_seconds * 1e3, 3)}
-        if plan.tuning is not None:  # the choice and every candidate's time: later processes load it, not tune
-            meta["tuning"] = plan.tuning
-        store.save(desc, bytes(blob), meta)
-    except UntrustedStoreError as exc:
-        store.warn_once(exc.cause, str(exc))
-    except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-        store.warn_once(f"write:{name}", f"te_cudnn: could not store a plan in {store.dir}: {exc.strerror or exc} "
-                                         f"({name}); plans are still built and used, but not kept for later processes")  # fmt: skip
-    except Exception as exc:  # storing is an optimisation: never fail the call for it
-        name = type(exc).__name__
-        store.warn_once(f"save:{name}", f"te_cudnn: could not store plan for {key}: {name}: {exc}")
 
 
 def build_or_load_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
@@ -321,35 +133,6 @@ def log_plan_outcome(key: PlanKey, cache: Optional["PlanCache"] = None) -> None:
 next_tick = itertools.count(1).__next__
 
 
-class Tuner(Protocol):
-    """What the cache asks of the autotuner: ``te_cudnn.plans.tune``, which builds on this
-    module and hands itself over with :func:`use_tuner` when it is imported (its functions are
-    looked up on every call, so replacing one, as tests do, takes effect)."""
-
-    def autotune_enabled(self) -> bool: ...  # autotuning switched on at all (read on every lookup)
-
-    def tuning_wanted(self, key: PlanKey) -> bool: ...  # this key wants a tuned plan
-
-    def tune_plan(self, key: PlanKey, make_spec: Callable[[], Any]) -> "CompiledPlan": ...  # with its record
-
-    def valid_record(self, record: Any) -> bool: ...  # a stored tuning record this version can use
-
-
-_tuner: list = [None]  # the Tuner in use (a list: read on every lookup, set once)
-
-
-def use_tuner(tuner: Optional[Tuner]) -> None:
-    """Make ``tuner`` the one lookups ask (None: plans are never tuned)."""
-    _tuner[0] = tuner
-
-
-def _tuning_wanted(key: PlanKey) -> bool:
-    """Whether a lookup of ``key`` wants a tuned plan (the tuner's ``tuning_wanted``); with autotuning
-    off, a context-variable read and an environment lookup."""
-    tuner = _tuner[0]
-    return tuner is not None and tuner.autotune_enabled() and tuner.tuning_wanted(key)
-
-
 def _recency(plan: CompiledPlan) -> int:
     return plan.last_used
 
@@ -358,47 +141,6 @@ def _recency(plan: CompiledPlan) -> int:
 #: ``TE_CUDNN_BUILD_APART=0`` builds them in the calling thread (and brings back the
 #: frontend's reference cycle through the caller's frames, see :func:`run_apart`).
 BUILD_APART = os.environ.get("TE_CUDNN_BUILD_APART", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
-    """``build(key, *args)`` in a short-lived thread of its own (with the caller's context
-    variables and, where CUDA is up, ``key``'s device current); its result, or its exception
-    raised here.
-
-    Why: cudnn-frontend 1.32's Python planner (``create_execution_plans``) catches
-    ``cudnnGraphNotSupportedError`` for engine configurations it cannot use and keeps the
-    exception in a local variable: exception -> traceback -> frame -> exception, a reference
-    cycle. Every frame holds its caller (``f_back``), so that cycle held the whole calling
-    stack, te_cudnn's frames and the user's, with their locals (the call's results, a training
-    step's activations) until the next full garbage collection: one extra set of results on a
-    long-sequence first call. Built in a thread of its own, the planner's frames
-    reach only that thread's stack. Costs a thread start per build (tens of microseconds against
-    builds of 50 ms and more); the cached path never comes here."""
-    box: dict[str, Any] = {}
-    context = contextvars.copy_context()  # autotuning() and backend_policy() are context variables
-    device = getattr(getattr(key, "config", None), "device", None)
-
-    def work() -> None:
-        try:
-            if isinstance(device, int) and device >= 0:
-                import torch  # noqa: PLC0415 - the planner's device, as in the caller (a no-op without CUDA)
-
-                if torch.cuda.is_initialized():
-                    torch.cuda.set_device(device)
-            box["plan"] = context.run(build, key, *args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name="te_cudnn plan build", daemon=True)
-    worker.start()
-    worker.join()
-    error = box.pop("error", None)
-    if error is not None:
-        try:
-            raise error
-        finally:
-            del error  # no cycle through this frame
-    return box.pop("plan")
 
 
 class PlanCache:

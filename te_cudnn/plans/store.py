@@ -63,80 +63,40 @@ import hashlib
 import json
 import math
 import os
-import stat
 import struct
 import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from .store_files import (  # noqa: F401 - also importable from here, as before the split
+    _OPEN_FLAGS, DIR_MODE, FILE_MODE, MAX_FILE_BYTES, MAX_RECORDS_BYTES, UntrustedStoreError, _dir_problem, _euid,
+    _ownership_problem, _read_file, _regular_files, _unlink, _write_all,
+)  # fmt: skip
+from .store_format import (  # noqa: F401 - also importable from here, as before the split
+    MAGIC, RECORDS_FORMAT, RECORDS_SUFFIX, SUFFIX, TMP_PREFIX, PlanFileError, StoredPlan, _canon, _parse, _records_of,
+    fingerprint_of,
+)  # fmt: skip
 
 __all__ = [
     "PLAN_FORMAT_VERSION", "MAX_FILE_BYTES", "MAX_RECORDS_BYTES", "RECORDS_FORMAT", "RECORDS_SUFFIX", "PlanFileError",
     "PlanStore", "StoredPlan", "UntrustedStoreError", "default_store", "env_number", "fingerprint_of",
 ]  # fmt: skip
 
-MAGIC = b"TECUDNN-PLAN\x01"
-SUFFIX = ".plan"
-#: The records kept beside a plan (``<entry>.records``, JSON).
-RECORDS_SUFFIX = ".records"
-#: What a records file says it is; a file of another format is skipped.
-RECORDS_FORMAT = "te_cudnn-records/1"
-TMP_PREFIX = ".tmp-"
-
 #: The version of what the graph builders (``te_cudnn/backends/``) put into a plan. It is part
 #: of the fingerprint, so bumping it retires every stored plan. Bump it with any change to the
 #: builders; ``tests/test_plan_format.py`` fails until it is bumped and its recorded hash updated.
 PLAN_FORMAT_VERSION = 4
 
-#: The largest plan file that is read (a serialized plan is some 10 KB to 2 MB).
-MAX_FILE_BYTES = 64 << 20
-#: The largest records file that is read (a record is about a kilobyte).
-MAX_RECORDS_BYTES = 1 << 20
 DEFAULT_MAX_MB = 512
 #: A temporary file this old belongs to a writer that was killed: eviction removes it.
 STALE_TMP_SECONDS = 3600
 #: Another fingerprint's plan unused for this long may be evicted to make room.
 FOREIGN_GRACE_SECONDS = 7 * 24 * 3600
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _FURTHER = " (further files with this problem are skipped without another warning)"
-
-
-class PlanFileError(ValueError):
-    """A file that is not a whole, intact plan file that may be read. ``cause`` names the kind
-    of problem, so that each kind is reported once."""
-
-    def __init__(self, message: str, cause: str):
-        super().__init__(message)
-        self.cause = cause
-
-
-class UntrustedStoreError(PermissionError):
-    """The store's directories may not be used (owned by another user, writable by group or
-    others, or not directories); the message says why and how to fix it."""
-
-    cause = "untrusted store"
-
-
-def _canon(value: Any) -> Any:
-    """The JSON form of a description (tuples become lists, keys strings), so that what is
-    compared after a round trip through a file is what was written. Structural, not a JSON
-    round trip: a load pays it once per plan."""
-    if isinstance(value, dict):
-        return {str(k): _canon(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canon(v) for v in value]
-    return value
-
-
-def fingerprint_of(facts: dict[str, Any]) -> str:
-    """A short, stable name for everything a serialized plan depends on."""
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
 
 
 # ----------------------------------------------------------------------------- environment
@@ -159,141 +119,6 @@ def env_number(name: str, default: float, *, integer: bool, what: str) -> float:
         _env_warned.add((name, raw))
         warnings.warn(f"te_cudnn: {name}={raw!r} is not {what}; using the default {default}", stacklevel=3)
     return default
-
-
-# ----------------------------------------------------------------------------- trust and reading
-def _euid() -> Optional[int]:
-    return os.geteuid() if hasattr(os, "geteuid") else None
-
-
-def _ownership_problem(st: os.stat_result) -> Optional[str]:
-    """Why a file or directory with this status could hold bytes that someone else wrote."""
-    uid = _euid()
-    if uid is not None and st.st_uid != uid:
-        return f"owned by uid {st.st_uid}, not by you (uid {uid})"
-    if st.st_mode & 0o022:
-        who = {0o020: "group", 0o002: "others", 0o022: "group and others"}[st.st_mode & 0o022]
-        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def _dir_problem(d: Path) -> Optional[str]:
-    """Why the store may not use directory ``d`` (with the fix), or None (fine, or absent)."""
-    try:
-        st = os.stat(d)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"{d} cannot be inspected ({exc.strerror or exc})"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{d} is not a directory; remove it or point TE_CUDNN_PLAN_STORE elsewhere"
-    problem = _ownership_problem(st)
-    if problem is None:
-        return None
-    if problem.startswith("owned"):
-        return f"{d} is {problem}; use a store of your own (TE_CUDNN_PLAN_STORE=DIR) or `chown -R` it to yourself"
-    return f"{d} is {problem}; fix it with `chmod 700 {d}`"
-
-
-def _read_file(path: Path, check_owner: bool, limit: Optional[int] = None, what: str = "a plan file") -> bytes:
-    """The bytes of a regular file, opened without following links, at most ``limit`` bytes
-    (default: MAX_FILE_BYTES); with ``check_owner``, only a file owned by the user and writable
-    by nobody else."""
-    limit = MAX_FILE_BYTES if limit is None else limit
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            message = "a symbolic link, not a regular file (links are not followed)"
-            raise PlanFileError(message, "not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PlanFileError("not a regular file", "not a regular file")
-        if check_owner and (problem := _ownership_problem(st)) is not None:
-            message = f"it is {problem}; only files that you alone can write are handed to cuDNN"
-            raise PlanFileError(message, "untrusted file")
-        parts, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, max(st.st_size - total, 0) + (1 << 16))
-            if not chunk:
-                break
-            parts.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise PlanFileError(f"larger than the limit for {what} ({limit} bytes)", "oversized")
-        return b"".join(parts)
-    finally:
-        os.close(fd)
-
-
-def _parse(path: Path, data: bytes) -> "StoredPlan":
-    if not data.startswith(MAGIC):
-        raise PlanFileError("not a te_cudnn plan file (bad magic)", "not a plan file")
-    start = len(MAGIC) + 4
-    if len(data) < start:
-        raise PlanFileError("truncated header", "truncated")
-    (n,) = struct.unpack("<I", data[len(MAGIC) : start])
-    try:
-        header = json.loads(data[start : start + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanFileError(f"unreadable header: {exc}", "unreadable header") from None
-    except RecursionError:
-        raise PlanFileError("unreadable header: nested too deeply", "unreadable header") from None
-    if not isinstance(header, dict):
-        raise PlanFileError(f"unreadable header: a JSON {type(header).__name__}, not an object", "unreadable header")
-    blob = data[start + n :]
-    if len(blob) != header.get("size") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
-        raise PlanFileError("plan bytes are truncated or corrupted (size/checksum mismatch)", "corrupted")
-    return StoredPlan(Path(path), header, blob)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _regular_files(d: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """Regular files directly in ``d`` (links not followed); unreadable entries are skipped."""
-    try:
-        it = os.scandir(d)
-    except OSError:
-        return
-    with it:
-        for e in it:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield Path(e.path), st
-
-
-def _records_of(plan_path: Path) -> Path:
-    """The records file beside a plan file (any other path: itself)."""
-    if not plan_path.name.endswith(SUFFIX):
-        return plan_path
-    return plan_path.with_name(plan_path.name[: -len(SUFFIX)] + RECORDS_SUFFIX)
-
-
-def _unlink(path: Path) -> bool:
-    """Remove a file; True when it is gone (also when another process removed it first)."""
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError:  # e.g. PermissionError: not ours to remove
-        return False
-
-
-@dataclass
-class StoredPlan:
-    path: Path
-    header: dict[str, Any]
-    blob: bytes
 
 
 class PlanStore:

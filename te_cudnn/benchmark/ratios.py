@@ -1,0 +1,45 @@
+"""Ratios of two contenders timed in the same interleaved rounds: :func:`paired_ratio`, and the
+distribution-free interval around a median it uses (:func:`median_interval`)."""
+
+from __future__ import annotations
+
+import statistics
+from math import comb
+from typing import Optional
+
+#: confidence of the interval around a paired ratio
+RATIO_CONFIDENCE = 0.95
+
+
+def median_interval(values: list[float], confidence: float = RATIO_CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values``: the order statistics
+    ``x_(k)`` and ``x_(n+1-k)`` with the largest ``k`` for which the binomial(n, 1/2) chance of
+    the median falling outside is at most ``1 - confidence``. With too few values for that
+    confidence the interval is the whole range."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value")
+    k, tail = 0, 0.0  # tail: P(Binomial(n, 1/2) <= k - 1) = chance the median lies below x_(k)
+    term = 0.5**n
+    while True:
+        tail_next = tail + term * comb(n, k)
+        if 2 * tail_next > 1 - confidence or k + 1 > (n + 1) // 2:
+            break
+        tail, k = tail_next, k + 1
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
+
+
+def paired_ratio(samples: Optional[list], reference: Optional[list]) -> Optional[tuple[float, float, float]]:
+    """The ratio of two contenders timed in the same interleaved rounds, round by round:
+    ``(median, low, high)`` of ``samples[r] / reference[r]`` with :func:`median_interval`.
+    Clock and power drift between rounds hit both samples of a round alike and cancel here,
+    which the ratio of the two medians does not do. None without paired samples."""
+    if not samples or not reference or len(samples) != len(reference):
+        return None
+    ratios = [a / b for a, b in zip(samples, reference) if b]
+    if len(ratios) != len(samples):
+        return None
+    low, high = median_interval(ratios)
+    return statistics.median(ratios), low, high
