@@ -125,13 +125,17 @@ def _shared_options(cu: torch.Tensor) -> dict[str, list[tuple[str, Any]]]:
     }
 
 
-def _sequence_values(q, k, v, cu) -> dict[str, list[tuple[str, Any]]]:
-    """The leading arguments fused_attn_fwd and fused_attn_bwd share: sequence lengths, q, k, v."""
+def _sequence_values(q, k, v, cu=None) -> dict[str, list[tuple[str, Any]]]:
+    """The leading arguments fused_attn_fwd and fused_attn_bwd share: sequence lengths, q, k, v
+    (``cu=None``: cu_seqlens only given or not, as the FP8 calls take them)."""
+    def lengths(name: str) -> list[tuple[str, Any]]:
+        return plain_values(name, None, _cu()) if cu is None else tensor_values(name, cu, optional=True)
+
     return {
         "max_seqlen_q": plain_values("max_seqlen_q", S, S // 2),
         "max_seqlen_kv": plain_values("max_seqlen_kv", S, S // 2),
-        "cu_seqlens_q": tensor_values("cu_seqlens_q", cu, optional=True),
-        "cu_seqlens_kv": tensor_values("cu_seqlens_kv", cu, optional=True),
+        "cu_seqlens_q": lengths("cu_seqlens_q"),
+        "cu_seqlens_kv": lengths("cu_seqlens_kv"),
         "q": tensor_values("q", q, optional=False),
         "k": tensor_values("k", k, optional=False),
         "v": tensor_values("v", v, optional=False),
@@ -191,13 +195,7 @@ def _fp8_fwd_values() -> dict[str, list[tuple[str, Any]]]:
     q, k, v = (torch.zeros(B, S, H, 128, dtype=E4M3) for _ in range(3))
     return {
         "is_training": plain_values("is_training", True, False),
-        "max_seqlen_q": plain_values("max_seqlen_q", S, S // 2),
-        "max_seqlen_kv": plain_values("max_seqlen_kv", S, S // 2),
-        "cu_seqlens_q": plain_values("cu_seqlens_q", None, _cu()),
-        "cu_seqlens_kv": plain_values("cu_seqlens_kv", None, _cu()),
-        "q": tensor_values("q", q, optional=False),
-        "k": tensor_values("k", k, optional=False),
-        "v": tensor_values("v", v, optional=False),
+        **_sequence_values(q, k, v),
         "qkv_dtype": plain_values("qkv_dtype", E4M3, None, E5M2),
         "qkv_layout": plain_values("qkv_layout", "bshd_bshd_bshd", "sbhd_sbhd_sbhd"),
         "attn_mask_type": plain_values("attn_mask_type", "causal", "no_mask", "padding_causal"),
@@ -247,13 +245,7 @@ def _fp8_bwd_values() -> dict[str, list[tuple[str, Any]]]:
     d_o = torch.zeros(B, S, H, 128, dtype=E5M2)
     stats, rng = torch.zeros(B, H, S, 1, dtype=F32), torch.zeros(2, dtype=I64)
     return {
-        "max_seqlen_q": plain_values("max_seqlen_q", S, S // 2),
-        "max_seqlen_kv": plain_values("max_seqlen_kv", S, S // 2),
-        "cu_seqlens_q": plain_values("cu_seqlens_q", None, _cu()),
-        "cu_seqlens_kv": plain_values("cu_seqlens_kv", None, _cu()),
-        "q": tensor_values("q", q, optional=False),
-        "k": tensor_values("k", k, optional=False),
-        "v": tensor_values("v", v, optional=False),
+        **_sequence_values(q, k, v),
         "o": tensor_values("o", o, optional=False),
         "d_o": tensor_values("d_o", d_o, optional=False),
         "qkv_dtype": plain_values("qkv_dtype", E4M3, None, E5M2),
