@@ -18,12 +18,14 @@ import torch
 from . import torch_ops
 from .enums import FusedAttnBackend, QKVFormat, QKVLayout
 from .layouts import layout_info
-from .lean import wants_grad
+from .launchers import plain_bwd, plain_fwd
+from .lean import LeanTraining, new_output, wants_grad
 from .ops import fused_attn_bwd, fused_attn_fwd
 from .torch_ops import _is_compiling, use_custom_ops
 from .varlen import BatchLengths
 
-__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "attend", "Fp8FusedAttnFunc", "fp8_attention"]
+__all__ = ["AttnOptions", "FusedAttnFunc", "fused_attention", "attend", "lean_attention", "Fp8FusedAttnFunc",
+           "fp8_attention"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def _options(function: str, options: dict[str, Any], accepted: Iterable[str], ar
     """``AttnOptions`` from keyword options, or a ``TypeError`` that names the unknown keyword,
     what was probably meant and every accepted option (``AttnOptions``' own error names only
     the dataclass). Eager calls remember the result per (function, options) (building the
-    dataclass costs a few microseconds per call); torch.compile traces it afresh instead."""
+    dataclass on every call would cost host time); torch.compile traces it afresh instead."""
     key = None
     if not _is_compiling():
         try:
@@ -120,8 +122,6 @@ _LAYOUT_FACTS = _layout_facts()
 def _facts(qkv_layout: Any) -> tuple[int, int, str]:
     facts = _LAYOUT_FACTS.get(qkv_layout)
     if facts is None:
-        from .enums import QKVLayout  # noqa: PLC0415
-
         layout = QKVLayout.coerce(qkv_layout, argument="qkv_layout")  # raises for unknown names
         facts = _LAYOUT_FACTS.get(layout)
         if facts is not None:  # another spelling of a known layout
@@ -156,7 +156,7 @@ class FusedAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen,
-                options, softmax_offset=None, lengths=None):  # fmt: skip
+                options, softmax_offset=None, lengths=None, prepared=None):  # fmt: skip
         padded = _padded(options)
         if lengths is None and cu_seqlens_q is not None:  # the backward uses the lengths this forward derives
             lengths = BatchLengths(cu_seqlens_q, cu_seqlens_kv, padded.get("cu_seqlens_q_padded"),
@@ -167,7 +167,7 @@ class FusedAttnFunc(torch.autograd.Function):
             dropout=options.dropout, qkv_layout=options.qkv_layout, attn_bias_type=options.attn_bias_type,
             attn_mask_type=options.attn_mask_type, softmax_type=options.softmax_type,
             window_size=options.window_size, bottom_right_diagonal=options.bottom_right_diagonal, rng_gen=rng_gen,
-            softmax_offset=softmax_offset, lengths=lengths, **padded,
+            softmax_offset=softmax_offset, lengths=lengths, _prepared=prepared, **padded,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, *aux)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_kv)
@@ -186,7 +186,58 @@ class FusedAttnFunc(torch.autograd.Function):
             window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal, deterministic=o.deterministic,
             lengths=ctx.lengths, **_padded(o),
         )  # fmt: skip
-        return None, None, None, None, None, dq, dk, dv, dbias, None, None, d_offset, None
+        return None, None, None, None, None, dq, dk, dv, dbias, None, None, d_offset, None, None
+
+
+class _LeanAttnFunc(torch.autograd.Function):
+    """A front door's remembered training call (:class:`te_cudnn.lean.LeanTraining`): the
+    forward and the backward launch the prepared plain plans on the door's own tensors (only
+    their pointers are read: no layout views, no argument handling, one autograd node)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, entry):
+        out, aux = plain_fwd(entry.prep, q, k, v, new_output(entry.template))
+        ctx.save_for_backward(q, k, v, out, aux[0])
+        ctx.entry, ctx.rng_state = entry, aux[1]
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out):
+        q, k, v, out, stats = ctx.saved_tensors
+        entry = ctx.entry
+        d_out = _readable_grad(d_out)
+        prep = entry.backwards.get(d_out.stride())
+        if prep is not None:
+            dq, dk, dv, _, _ = plain_bwd(prep, q, k, v, out, d_out, stats, ctx.rng_state)
+            return dq, dk, dv, None
+        return (*_first_lean_backward(entry, q, k, v, out, d_out, stats, ctx.rng_state), None)
+
+
+def _first_lean_backward(entry: LeanTraining, q, k, v, out, d_out, stats, rng_state) -> tuple:
+    """The backward of a remembered training call for output-gradient strides not seen yet: the
+    full path on the graph layout's views, remembered when its prepared backward is plain and
+    allocates the gradients as ``empty_like`` of the door's q, k, v would."""
+    o, view, out_view, prepared = entry.options, entry.view, entry.out_view, []
+    dq, dk, dv, _, _ = fused_attn_bwd(
+        *entry.seqlens, None, None, view(q), view(k), view(v), out_view(out), out_view(d_out), q.dtype,
+        [stats, rng_state],
+        o.fused_attention_backend, attn_scale=o.attn_scale, dropout=o.dropout, qkv_layout=o.qkv_layout,
+        attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type, softmax_type=o.softmax_type,
+        window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal, deterministic=o.deterministic,
+        _prepared=prepared,
+    )  # fmt: skip
+    grads = view(dq), view(dk), view(dv)
+    prep = prepared[0] if len(prepared) == 1 else None
+    if (prep is not None and prep.plain and prep.grads_like_inputs and len(entry.backwards) < 8
+            and all(g.stride() == torch.empty_like(t, device="meta").stride() for g, t in zip(grads, (q, k, v)))):  # fmt: skip
+        entry.backwards[d_out.stride()] = prep
+    return grads
+
+
+def lean_attention(entry: LeanTraining, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A remembered training call (te_cudnn.lean) again on new tensors of its signature."""
+    return _LeanAttnFunc.apply(q, k, v, entry)
 
 
 def fused_attention(
@@ -293,7 +344,7 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
         opts = replace(opts, extra={**opts.extra, "cu_seqlens_padded": (cu_seqlens_q_padded, cu_seqlens_kv_padded)})
     return FusedAttnFunc.apply(
         is_training, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv, q, k, v, attn_bias, rng_gen, opts,
-        softmax_offset, lengths,
+        softmax_offset, lengths, _prepared,
     )
 
 

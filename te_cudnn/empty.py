@@ -4,7 +4,7 @@ A batch, sequence or token count of 0, an all-empty THD batch, or a ``max_seqlen
 leaves nothing to attend. Such calls are normal in real pipelines (the last shard of a data
 loader, a context-parallel rank with no valid tokens, a filtered microbatch), and cuDNN must
 never see their graphs: a padding-mask graph with s = 0 kills the process with SIGFPE inside
-cuDNN's heuristics, b = 0 is ``CUDNN_STATUS_BAD_PARAM`` (measured on cuDNN 9.19).
+cuDNN's heuristics, b = 0 is ``CUDNN_STATUS_BAD_PARAM`` (cuDNN 9.19).
 :meth:`te_cudnn.backends.SubBackend.build` refuses them; ``fused_attn_fwd`` / ``fused_attn_bwd``
 answer them here, after the same validation as any call. The results:
 

@@ -36,11 +36,13 @@ import sys
 import threading
 import weakref
 from array import array
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
+from .backends import BY_ENUM, OPERANDS_BY_UID
 from .backends.base import Uid
+from .backends.operands import DeclaredOperand, alignment
 from .errors import MisalignedError
 from .plans.handles import current_raw_stream, handle_for, release_thread_handles
 from .runtime import torch_dtype_to_cudnn
@@ -123,7 +125,7 @@ def _capture_info():
 def capture_id(index: int) -> Optional[int]:
     """The id of the CUDA-graph capture that the current stream of device ``index`` is in
     (unique within the process: a later capture never reuses it), or None when the stream is
-    not capturing or the driver cannot say. A few microseconds; call it only while
+    not capturing or the driver cannot say. A driver call: call it only while
     :func:`is_capturing` says True (once per captured call, never on replays)."""
     fn = _capture_info()
     if fn is None:
@@ -373,45 +375,6 @@ def checking_operands() -> bool:
     return _check
 
 
-class DeclaredOperand(NamedTuple):
-    """One operand as a plan's graph declares it."""
-
-    uid: int
-    role: str  # the graph's name for it, and what the caller passes that becomes it
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]  # in elements
-    dtype: Optional[torch.dtype]  # None: a type the graph infers and no validated graph gave
-    ragged: bool  # THD: [b, h, s, d] placed by ragged offsets; bound as token-major [t, h, d]
-    align: int  # bytes its start must be a multiple of
-
-    def describe(self) -> str:
-        what = "THD [t, h, d] placed by ragged offsets, declared " if self.ragged else ""
-        dtype = "dtype not declared" if self.dtype is None else str(self.dtype).removeprefix("torch.")
-        return f"{what}dims {list(self.dims)} strides {list(self.strides)} {dtype}, {self.align}-byte aligned"
-
-
-#: What a caller passes that becomes the operand of each uid, where the graph's name does not
-#: say it (error messages).
-_ORIGINS = {
-    Uid.K: "k, or fused_attn_decode's k_cache", Uid.V: "v, or fused_attn_decode's v_cache",
-    Uid.O: "out, or o in the backward", Uid.STATS: "softmax_lse, or aux_ctx_tensors[0] in the backward",
-    Uid.BIAS: "attn_bias, or aux_ctx_tensors[2] in the backward", Uid.SEED: "rng_state[0]",
-    Uid.OFFSET: "rng_state[1]", Uid.SEQ_LEN_Q: "lengths from cu_seqlens_q",
-    Uid.SEQ_LEN_KV: "lengths from cu_seqlens_kv, or fused_attn_decode's cache_seqlens",
-    Uid.RAGGED_Q: "offsets from cu_seqlens_q(_padded)", Uid.RAGGED_K: "offsets from cu_seqlens_kv(_padded)",
-    Uid.RAGGED_V: "offsets from cu_seqlens_kv(_padded)", Uid.RAGGED_O: "offsets from cu_seqlens_q(_padded)",
-    Uid.RAGGED_STATS: "offsets from cu_seqlens_q(_padded)",
-    Uid.PAGE_TABLE_K: "page_table_k, or fused_attn_decode's page_table",
-    Uid.PAGE_TABLE_V: "page_table_v, or fused_attn_decode's page_table", Uid.SINK: "softmax_offset",
-    Uid.MAX: "the max_logit rows",
-}  # fmt: skip
-#: Operands whose start must lie on a 16-byte boundary (te_cudnn checks, copies or allocates
-#: them so); the others (lengths, ragged offsets, seed and offset, FP8 scales and amaxes) need
-#: only their element's alignment (FP8 scales are slots of a metadata table, the offset is
-#: rng_state[1]).
-_ALIGNED_16 = frozenset({Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.BIAS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, Uid.DBIAS,
-                         Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V, Uid.DS, Uid.SINK, Uid.DSINK, Uid.MAX})  # fmt: skip
-
 _declared: "weakref.WeakKeyDictionary[Any, tuple[DeclaredOperand, ...]]" = weakref.WeakKeyDictionary()
 _declared_lock = threading.Lock()
 
@@ -425,10 +388,13 @@ def _torch_dtypes() -> dict:
     return {torch_dtype_to_cudnn(dt): dt for dt in dtypes}
 
 
-def declared_in_graph(graph: Any, uids: Sequence[int]) -> Optional[tuple[DeclaredOperand, ...]]:
+def declared_in_graph(graph: Any, uids: Sequence[int], operands: Any = None) -> Optional[tuple[DeclaredOperand, ...]]:
     """The operands ``graph`` declares for ``uids`` (in that order), read from the frontend's
     tensor descriptions; None when the graph holds none for some uid (a plan deserialized from
-    the plan store carries no descriptions) or leaves one without dims."""
+    the plan store carries no descriptions) or leaves one without dims. What the caller passes
+    for each uid and its alignment rule come from the sub-backend's declarations, ``operands``
+    (``SubBackend.operands(direction)``; default: each uid's first declaration)."""
+    declarations = OPERANDS_BY_UID if operands is None else operands
     out = []
     for uid in uids:
         try:
@@ -439,15 +405,10 @@ def declared_in_graph(graph: Any, uids: Sequence[int]) -> Optional[tuple[Declare
             return None
         dtype = _torch_dtypes().get(t.data_type) if t.data_type is not None else None
         dims, strides = tuple(int(n) for n in t.dim), tuple(int(s) for s in t.stride)
-        numel = 1
-        for n in dims:
-            numel *= n
-        item = dtype.itemsize if dtype is not None else 1
-        name = Uid.NAMES.get(uid, f"uid {uid}")
-        origin = _ORIGINS.get(uid)
-        role = name if origin is None else f"{name} (from {origin})"
+        op = declarations.get(uid)
+        role = Uid.NAMES.get(uid, f"uid {uid}") if op is None else op.role
         out.append(DeclaredOperand(uid, role, dims, strides, dtype, t.ragged_offset is not None,
-                                   16 if uid in _ALIGNED_16 and numel > 1 else item))  # fmt: skip
+                                   alignment(op is not None and op.align16, dims, dtype)))  # fmt: skip
     return tuple(out)
 
 
@@ -458,17 +419,17 @@ def declared_operands(plan: CompiledPlan) -> tuple[DeclaredOperand, ...]:
     found = _declared.get(plan)
     if found is not None:
         return found
-    found = declared_in_graph(plan.graph, plan.uids)
+    key = plan.key
+    backend = BY_ENUM[key.backend]
+    declarations = backend.operands(key.direction)
+    found = declared_in_graph(plan.graph, plan.uids, declarations)
     if found is None:
-        from .backends import BY_ENUM  # noqa: PLC0415
-
-        key = plan.key
-        spec = BY_ENUM[key.backend].build(key.config, key.direction)
+        spec = backend.build(key.config, key.direction)
         try:
             spec.graph.validate()  # infers the data types of outputs the builder leaves to the graph
         except Exception:  # noqa: BLE001 - dims and strides are declared either way
             pass
-        found = declared_in_graph(spec.graph, plan.uids)
+        found = declared_in_graph(spec.graph, plan.uids, declarations)
         if found is None:
             raise RuntimeError(f"the graph of {key} declares no tensor for some of its operands {plan.uids}")
     with _declared_lock:

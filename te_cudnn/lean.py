@@ -23,7 +23,7 @@ from .prepared import _dependent_caches
 from .launchers import plain_fwd
 from .policy import token as policy_token
 
-__all__ = ["LeanDoor", "wants_grad", "policy_token"]
+__all__ = ["LeanDoor", "LeanTraining", "as_is", "new_output", "wants_grad", "policy_token"]
 
 _empty_like = torch.empty_like
 _empty_strided = torch.empty_strided
@@ -44,9 +44,40 @@ def wants_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return False
 
 
+class LeanTraining:
+    """A remembered call that autograd records (te_cudnn.autograd's lean function runs it): the
+    prepared plain forward, the output template, and what the backward needs. ``backwards``
+    maps the output gradient's strides to the prepared plain backward that takes them (learned
+    on the first backward with those strides); ``options``, ``seqlens``, ``view`` (the door's
+    q, k, v -> the graph layout's views, its own inverse) and ``out_view`` (the door's output ->
+    the graph's) let that first backward run the full path."""
+
+    __slots__ = ("prep", "template", "options", "seqlens", "view", "out_view", "backwards")
+
+    def __init__(self, prep: Any, template: Any, options: Any, seqlens: tuple[int, int], view: Any,
+                 out_view: Any) -> None:  # fmt: skip
+        self.prep, self.template, self.options, self.seqlens = prep, template, options, seqlens
+        self.view, self.out_view = view, out_view
+        self.backwards: dict[tuple[int, ...], Any] = {}
+
+
+def as_is(t: torch.Tensor) -> torch.Tensor:
+    """A :class:`LeanTraining` view for tensors the graph takes as the door has them."""
+    return t
+
+
+def new_output(template: Any) -> torch.Tensor:
+    """A new tensor of a remembered output's shape and strides (see :meth:`LeanDoor.learn`)."""
+    if template.__class__ is tuple:
+        shape, stride, dtype, device = template
+        return _empty_strided(shape, stride, dtype=dtype, device=device)
+    return _empty_like(template)
+
+
 class LeanDoor:
-    """One front door's signatures -> (prepared plain forward, output template), bounded and
-    least recently used like te_cudnn's own memos, and forgotten with them."""
+    """One front door's signatures -> (prepared plain forward, output template), or a
+    :class:`LeanTraining` for calls autograd records; bounded and least recently used like
+    te_cudnn's own memos, and forgotten with them."""
 
     __slots__ = ("memo",)
 
@@ -58,30 +89,27 @@ class LeanDoor:
         """The entry of ``sig`` (pass it to :meth:`run`), or None."""
         return self.memo.find(sig)
 
-    def learn(self, sig: Optional[Hashable], prepared: list, out: torch.Tensor) -> None:
+    def learn(self, sig: Optional[Hashable], prepared: list, out: torch.Tensor, training: Optional[tuple] = None) -> None:
         """Remember the call that just ran under ``sig``: its prepared forward (the one entry of
         ``prepared``, te_cudnn.ops' ``_prepared`` list) and ``out``, the tensor the door returned,
         whose shape and strides later calls get. Only plain forwards without dropout are kept
-        (those need nothing per call but the pointers)."""
+        (those need nothing per call but the pointers). ``training``: ``(options, seqlens, view,
+        out_view)`` of a call autograd recorded (see :class:`LeanTraining`)."""
         if sig is None or len(prepared) != 1:
             return
         prep = prepared[0]
         if not prep.plain or prep.rng_increment or is_capturing():
             return
         if math.prod(out.shape) * out.element_size() <= TEMPLATE_BYTES:  # a small real tensor: empty_like is cheapest
-            template: Any = kept(lambda: _empty_like(out), out.device)
+            template: Any = kept(lambda: _empty_like(out.detach()), out.device)
         else:
             template = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device)
-        self.memo.remember(sig, (prep, template))
+        self.memo.remember(sig, (prep, template) if training is None else LeanTraining(prep, template, *training))
 
     @staticmethod
     def run(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The remembered call again on new tensors of its signature."""
         prep, template = entry
-        if template.__class__ is tuple:
-            shape, stride, dtype, device = template
-            out = _empty_strided(shape, stride, dtype=dtype, device=device)
-        else:
-            out = _empty_like(template)
+        out = new_output(template)
         plain_fwd(prep, q, k, v, out)
         return out

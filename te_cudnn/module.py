@@ -8,19 +8,22 @@ goes through te_cudnn's custom operators (no graph break, dropout graph-safe).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 
-from .autograd import AttnOptions, attend, attend_fp8
+from .autograd import AttnOptions, attend, attend_fp8, lean_attention
 from .enums import AttnMaskType
 from .errors import MisalignedError
 from .fp8 import Fp8AttentionMeta
-from .lean import LeanDoor, policy_token, wants_grad
+from .lean import LeanDoor, as_is, policy_token, wants_grad
 from .layouts import get_qkv_layout
-from .torch_ops import _is_compiling
+from .parallel import context_parallel_attention
+from .torch_ops import _is_compiling, use_custom_ops
 
 __all__ = ["DotProductAttention"]
 
@@ -78,7 +81,12 @@ def _cu_seqlens_from_mask(mask: torch.Tensor, name: str, s: Optional[int] = None
     return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
 
-_LEAN = LeanDoor()  # every module's repeated calls without gradients (te_cudnn.lean)
+_LEAN = LeanDoor()  # every module's repeated calls (te_cudnn.lean)
+
+
+def _split_heads(h: int, d: int, t: torch.Tensor) -> torch.Tensor:
+    """The module's output ``[..., h * d]`` as the graph's ``[..., h, d]``."""
+    return t.unflatten(-1, (h, d))
 
 
 class DotProductAttention(torch.nn.Module):
@@ -215,8 +223,6 @@ class DotProductAttention(torch.nn.Module):
         self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a"))
         self.cp_group = None
         if cp_group is not None:
-            import torch.distributed as dist  # noqa: PLC0415
-
             if dist.is_available() and dist.is_initialized() and dist.get_world_size(cp_group) > 1:
                 self.cp_group = cp_group
             elif not (dist.is_available() and dist.is_initialized()):
@@ -304,14 +310,15 @@ class DotProductAttention(torch.nn.Module):
                 and self.fp8_meta is None and self.cp_group is None and self.softmax_offset is None
                 and core_attention_bias_type == "no_bias" and not _is_compiling()):  # fmt: skip
             try:
-                if not wants_grad(query_layer, key_layer, value_layer):
-                    q, k, v = query_layer, key_layer, value_layer
+                q, k, v = query_layer, key_layer, value_layer
+                recorded = wants_grad(q, k, v)
+                if not recorded or not use_custom_ops():
                     state = self.__dict__.get("_lean_state") or self._state()
                     sig = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                           q.get_device(), k.get_device(), v.get_device(), policy_token(), state)  # fmt: skip
+                           q.get_device(), k.get_device(), v.get_device(), policy_token(), state, recorded)  # fmt: skip
                     entry = _LEAN.find(sig)
                     if entry is not None:
-                        return LeanDoor.run(entry, q, k, v)
+                        return lean_attention(entry, q, k, v) if recorded else LeanDoor.run(entry, q, k, v)
             except (AttributeError, TypeError, MisalignedError):  # the full path below names what is wrong
                 sig = None
         prepared: list = []  # the prepared forward, for the cached path
@@ -319,8 +326,17 @@ class DotProductAttention(torch.nn.Module):
                             max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, core_attention_bias_type,
                             core_attention_bias, cu_seqlens_q_padded, cu_seqlens_kv_padded, fp8_meta, prepared)  # fmt: skip
         if sig is not None:
-            _LEAN.learn(sig, prepared, out)
+            _LEAN.learn(sig, prepared, out, sig[-1] and self._recorded(prepared, out))
         return out
+
+    def _recorded(self, prepared: list, out: torch.Tensor) -> Optional[tuple]:
+        """What a remembered training call's first backward needs (te_cudnn.lean.LeanTraining):
+        the options and lengths of the plain call in ``prepared``, and the output's head split."""
+        if len(prepared) != 1:
+            return None
+        cfg = prepared[0].cfg
+        opts = self._opts(cfg.layout.name, cfg.mask.name, "no_bias", cfg.window, 0.0)
+        return opts, (cfg.sq, cfg.skv), as_is, functools.partial(_split_heads, cfg.h, cfg.d_v)
 
     def _forward(self, query_layer, key_layer, value_layer, attention_mask, qkv_format, cu_seqlens_q, cu_seqlens_kv,
                  max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, core_attention_bias_type, core_attention_bias,
@@ -391,8 +407,6 @@ class DotProductAttention(torch.nn.Module):
         dropout = self.attention_dropout if self.training else 0.0
         meta = _check_fp8_meta(fp8_meta) if fp8_meta is not None else self.fp8_meta
         if self.cp_group is not None:
-            from .parallel import context_parallel_attention  # noqa: PLC0415
-
             out = context_parallel_attention(
                 q, k, v, self.cp_group, self.cp_comm_type, qkv_format=fmt, attn_mask_type=mask,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,

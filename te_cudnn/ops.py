@@ -246,7 +246,7 @@ def fused_attn_fwd(
             # read them, so later calls only note whether they are given (two fewer C calls each).
             cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
             extra, return_max_logit, cuda_graph,
-            _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
+            _policy_token(),  # te_cudnn.backend_policy in force: another policy prepares its own call
         )  # fmt: skip
         prep = _fwd_memo.find(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in
@@ -427,7 +427,7 @@ def fused_attn_bwd(
             cu_seqlens_q is None, cu_seqlens_kv is None,
             n_aux, stats.shape, stats.stride(), stats.dtype, stats.get_device(), _meta(rng), extra, cuda_graph,
             cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
-            _policy_token(),  # te_cudnn.backend_policy in force (~20 ns): another policy prepares its own call
+            _policy_token(),  # te_cudnn.backend_policy in force: another policy prepares its own call
         )  # fmt: skip
         prep = _bwd_memo.find(sig)
     except (AttributeError, TypeError, IndexError, RuntimeError):  # not tensors (or 0-d, nested ones; tensors in

@@ -71,8 +71,8 @@ class RuntimeEnv:
         return f"{gpu}, cuDNN {cudnn_version_string(self.cudnn_version)}, frontend {frontend_version()}"
 
 
-#: The machine te_cudnn is measured on (H100/H200 with cuDNN 9.19); used to describe and
-#: validate graphs on a machine without a GPU.
+#: The machine te_cudnn's rules are checked against where there is no GPU (Hopper, sm90, with
+#: cuDNN 9.19); used to describe and validate graphs on such a machine.
 HOPPER_CUDNN_919 = RuntimeEnv(sm=90, cudnn_version=91900, device_name="Hopper (assumed)")
 
 

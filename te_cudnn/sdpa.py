@@ -15,9 +15,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .autograd import AttnOptions, attend
+from .autograd import AttnOptions, attend, lean_attention
 from .errors import MisalignedError, UnsupportedConfigError
 from .lean import LeanDoor, policy_token, wants_grad
+from .torch_ops import use_custom_ops
 
 __all__ = ["scaled_dot_product_attention", "mask_to_bias", "masked_value"]
 
@@ -306,8 +307,14 @@ def _attention_bshd(
 _LEAN = LeanDoor()
 
 
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    """``[b, h, s, d]`` <-> ``[b, s, h, d]``: the drop-in's tensors as the bshd graph sees them."""
+    return t.transpose(1, 2)
+
+
 def _lean_sig(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *options: Any) -> Optional[tuple]:
-    """The drop-in's signature of a call without mask or dropout (te_cudnn.lean)."""
+    """The drop-in's signature of a call without mask or dropout (te_cudnn.lean); the options
+    include whether autograd records the call."""
     return (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.dtype, key.dtype,
             value.dtype, query.get_device(), key.get_device(), value.get_device(), policy_token(), *options)  # fmt: skip
 
@@ -363,14 +370,20 @@ def scaled_dot_product_attention(
     :class:`te_cudnn.UnsupportedConfigError` with the reasons. Tensors off CUDA raise
     ``ValueError`` ("executes on CUDA devices").
     """
-    sig = None
+    sig = training = None
     if attn_mask is None and dropout_p == 0.0 and not _compiling():
         try:
             if not wants_grad(query, key, value):
-                sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa)
+                sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, False)
                 entry = _LEAN.find(sig)
                 if entry is not None:
                     return LeanDoor.run(entry, query, key, value)
+            elif not use_custom_ops():
+                sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, True)
+                entry = _LEAN.find(sig)
+                if entry is not None:
+                    return lean_attention(entry, query, key, value)
+                training = True
         except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what is wrong
             sig = None
         except MisalignedError:  # a start off 16 bytes this time: the full path copies that tensor
@@ -389,5 +402,6 @@ def scaled_dot_product_attention(
         causal=is_causal, scale=scale, dropout_p=dropout_p, prepared=prepared,
     ).transpose(1, 2)  # fmt: skip
     if sig is not None and _readable(query) and _readable(key) and _readable(value):  # read in place: no copies
-        _LEAN.learn(sig, prepared, out)
+        _LEAN.learn(sig, prepared, out, training and (_options(is_causal, scale, 0.0, False, None, "vanilla"),
+                                                     (sq, key.shape[2]), _transposed, _transposed))
     return out

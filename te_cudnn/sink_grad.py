@@ -6,9 +6,8 @@ For a learnable sink ``α_h`` the sink's probability in row ``i`` is ``p_i = exp
     dL/dα_h = -Σ_{b, i} p_{b,h,i} · D_{b,h,i},   D = rowsum(dO ∘ O),
 
 the same ``D`` cuDNN's backward uses for dS (it holds with dropout too). cuDNN 9.19 can produce
-this itself (``dSink_token``), but its accumulation made the gpt-oss-shaped backward 1.4-2.2x
-slower than vanilla and was not bit-reproducible under ``deterministic=True`` (measured on an
-H100). Here it is one pass over O and dO: a Triton kernel writes one partial sum per
+this itself (``dSink_token``), but its accumulation slows a gpt-oss-shaped backward well below
+vanilla's and is not bit-reproducible under ``deterministic=True``. Here it is one pass over O and dO: a Triton kernel writes one partial sum per
 (row block, head), and a plain reduction adds them (bit-reproducible). Without Triton the same
 formula runs as torch ops. Rows past a sequence's end (padding masks) are left out: their
 stats are not defined.

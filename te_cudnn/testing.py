@@ -44,7 +44,7 @@ class BenchConfig:
         return base * 2 * self.d, base * 5 * self.d
 
 
-#: bf16, layout bshd_bshd_bshd, training (TE's benchmarks/attention/benchmark_attention.py).
+#: bf16, layout bshd_bshd_bshd, training (the configurations of TransformerEngine's attention benchmark).
 BENCHMARK_CONFIGS: dict[str, BenchConfig] = {
     c.name: c
     for c in (
@@ -92,7 +92,7 @@ def check_close(name: str, actual: torch.Tensor, expected: torch.Tensor, same_pr
     # the ceiling caps the slack of well-conditioned problems. On tiny, ill-conditioned ones (e.g.
     # sq = skv = 2, where a gradient nearly cancels) PyTorch's own result in this precision misses
     # the ceiling; there the error depends on the order of roundings, and te_cudnn is held to
-    # ``factor`` x PyTorch's error (an H100 run: dQ 3.7e-2 against PyTorch's bf16 2.9e-2, sq = skv = 2)
+    # ``factor`` x PyTorch's error
     slack = tol.factor * torch_err if torch_err > tol.ceiling else min(tol.factor * torch_err + tol.floor, tol.ceiling)
     bound = max(slack, roundings * unit_roundoff(dtype), tol.factor * unavoidable)
     assert err <= bound, (

@@ -79,8 +79,7 @@ except AttributeError:  # pragma: no cover - torch < 2.3
 def use_custom_ops() -> bool:
     """True when the public autograd entry points should go through the custom ops: while
     torch.compile traces, during CUDA-graph capture, or when ``TE_CUDNN_CUSTOM_OPS=1``. In
-    plain eager mode they call the plans directly (the dispatcher's host time is measured in
-    ``tools/bench.py --only ops``)."""
+    plain eager mode they call the plans directly, without the dispatcher's host time."""
     return _FORCE_OPS or _is_compiling() or _is_capturing()
 
 
@@ -150,7 +149,7 @@ def _fwd_autograd(keyset, *args):
     """``te_cudnn::fwd``'s Autograd kernel. With gradients to track: the autograd node. Without
     (inference, and compiled graphs, which run their forward with grad mode off): the CUDA
     kernel itself when nothing sits between, instead of a second trip through the dispatcher
-    (register_autograd's redispatch converts every argument again: tools/probe_dispatch.py)."""
+    (register_autograd's redispatch converts every argument again)."""
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
         return _FwdWithGrad.apply(keyset, *args)
     if _cuda_only(keyset):
@@ -165,10 +164,9 @@ def _fwd_autograd(keyset, *args):
 
 #: The ops are defined with ``torch.library.Library`` (define / impl / register_fake) rather than
 #: ``torch.library.custom_op``: the dispatcher calls our function directly instead of through
-#: custom_op's Python wrappers, which cost tens of microseconds per call in compiled graphs
-#: (measured: tools/bench_ops.py). ``fwd``'s autograd is its own Autograd kernel rather than
-#: ``register_autograd``'s, whose no-grad path (every call of a compiled graph) goes through the
-#: dispatcher a second time (``tools/probe_dispatch.py`` measures both).
+#: custom_op's Python wrappers, which add host time to every call of a compiled graph. ``fwd``'s
+#: autograd is its own Autograd kernel rather than ``register_autograd``'s, whose no-grad path
+#: (every call of a compiled graph) goes through the dispatcher a second time.
 _lib = torch.library.Library("te_cudnn", "DEF")
 
 

@@ -10,8 +10,7 @@ __all__ = [
 
 _CU = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded"
 #: The options travel as one string (:func:`op_config`): the dispatcher converts every argument
-#: between Python and C++ on each call, and one string costs a fraction of a dozen scalars
-#: (``tools/probe_dispatch.py`` measures it).
+#: between Python and C++ on each call, and one string costs a fraction of a dozen scalars.
 #: The two floats stay arguments: under ``dynamic=True`` torch.compile may trace a module's
 #: float attributes as symbols, which cannot be formatted into a constant string.
 FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, Tensor? attn_bias, {_CU}, Tensor? page_table_k, Tensor? page_table_v, "

@@ -86,6 +86,74 @@ def test_gradients_in_the_inputs_strides(bshd_memory):
         assert t.grad.stride() == t.stride()
 
 
+# ------------------------------------------------------------------ cached training path
+
+
+class _HFModule(torch.nn.Module):
+    is_causal = True
+
+
+def _training_doors():
+    """door -> (call, input shape, where the inputs live): each door's training call without
+    mask or dropout, remembered after its first call (te_cudnn.lean.LeanTraining)."""
+    from te_cudnn.integrations import transformers as te_hf
+
+    m_bshd = tc.DotProductAttention(8, 64, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="causal").to(DEVICE)
+    m_sbhd = tc.DotProductAttention(8, 64, qkv_format="sbhd", attn_mask_type="no_mask").to(DEVICE)
+    hf = _HFModule().train()
+    return {
+        "dropin": (lambda q, k, v: tc.scaled_dot_product_attention(q, k, v, is_causal=True), "bhsd"),
+        "dropin gqa": (lambda q, k, v: tc.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                       "bhsd gqa"),
+        "dropin qkv split": (lambda q, k, v: tc.scaled_dot_product_attention(q, k, v), "bhsd split"),
+        "module bshd gqa": (lambda q, k, v: m_bshd(q, k, v), "bshd gqa"),
+        "module sbhd": (lambda q, k, v: m_sbhd(q, k, v), "sbhd"),
+        "transformers": (lambda q, k, v: te_hf.attention_forward(hf, q, k, v, None, is_causal=True)[0], "bhsd gqa"),
+    }
+
+
+def _training_inputs(where: str):
+    b, h, hg, s, d = 2, 8, 8, 128, 64
+    if "gqa" in where:
+        hg = 2
+    if "split" in where:  # q, k, v as views of one projection's output, as a fused QKV linear gives them
+        qkv = torch.randn(b, s, 3 * h * d, device=DEVICE, dtype=BF16, requires_grad=True)
+        return [t.unflatten(-1, (h, d)).transpose(1, 2) for t in qkv.split(h * d, dim=-1)], qkv
+    shapes = {"bhsd": [(b, h, s, d), (b, hg, s, d)], "bshd": [(b, s, h, d), (b, s, hg, d)],
+              "sbhd": [(s, b, h, d), (s, b, hg, d)]}[where.split()[0]]  # fmt: skip
+    leaves = [torch.randn(shapes[i > 0], device=DEVICE, dtype=BF16, requires_grad=True) for i in range(3)]
+    return leaves, None
+
+
+@pytest.mark.parametrize("door", list(_training_doors()))
+def test_remembered_training_call_equals_the_full_path(door):
+    """The second and later training calls of a signature run one lean autograd node; their
+    output and gradients (for each kind of output gradient autograd hands over: dense, the
+    expanded one of ``sum()``, a transposed one) equal the first call's full path."""
+    fn, where = _training_doors()[door]
+    runs = []
+    for _call in range(4):  # the first call learns; each gradient kind's first backward learns its plan
+        for kind in ("dense", "sum", "transposed"):
+            torch.manual_seed(SEED)
+            (q, k, v), root = _training_inputs(where)
+            out = fn(q, k, v)
+            if kind == "dense":
+                out.backward(torch.randn_like(out))
+            elif kind == "sum":
+                out.float().sum().backward()
+            else:
+                out.backward(torch.randn(out.shape[::-1], device=DEVICE, dtype=BF16).permute(*range(out.dim() - 1, -1, -1)))
+            leaves = (root,) if root is not None else (q, k, v)
+            runs.append((kind, out.grad_fn.name(), out.detach(), [t.grad for t in leaves]))
+    first = {kind: (out, grads) for kind, _, out, grads in runs[:3]}
+    for kind, node, out, grads in runs[3:]:
+        assert "LeanAttnFunc" in node, f"seed={SEED} {door}: a repeated training call took {node}"
+        assert torch.equal(out, first[kind][0]), f"seed={SEED} {door} {kind}: output"
+        for g, g0 in zip(grads, first[kind][1]):
+            assert g.stride() == g0.stride(), f"seed={SEED} {door} {kind}"
+            assert rel_error(g.float(), g0.float()) < 1e-2, f"seed={SEED} {door} {kind}: gradient"
+
+
 # ------------------------------------------------------------------ torch.compile(mode="reduce-overhead")
 
 

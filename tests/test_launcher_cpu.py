@@ -1,13 +1,21 @@
 """PlanLauncher's launch modes against a stand-in of the frontend's graph internals (no GPU):
-the pointer order it binds, and when the hot path may call the native execute directly."""
+the pointer order it binds, and when the hot path may call the native execute directly; the
+installed frontend has every internal the launcher uses, and a frontend without one gets the
+public ``graph.execute``, warned once."""
 
 from __future__ import annotations
 
+import ast
+import functools
+import warnings
 from array import array
+from pathlib import Path
 
 import pytest
 
+from te_cudnn.plans import execute
 from te_cudnn.plans.execute import PlanLauncher
+from te_cudnn.runtime import cudnn_module
 
 
 class _Lowered:
@@ -79,6 +87,64 @@ def test_operands_the_plan_does_not_read_keep_the_public_path():
     calls: list = []
     launcher = PlanLauncher(_Graph([1, 2, 3, 4], calls), [1, 2, 3])  # the plan needs an operand not bound
     assert launcher.mode == "ordered" and launcher.native is None
+
+
+# ----------------------------------------------------------------------------- the real frontend's internals
+def test_the_installed_frontend_has_every_internal_the_direct_launch_uses() -> None:
+    """Against the installed cudnn-frontend itself: its graph class (and a graph made on the host,
+    for the attributes ``__init__`` sets) and its backend graph class have every name in
+    PRIVATE_FRONTEND_NAMES, the list the launcher checks."""
+    cudnn = cudnn_module()
+    missing = []
+    for where, names in execute.PRIVATE_FRONTEND_NAMES.items():
+        owner = functools.reduce(getattr, where.split("."), cudnn)
+        made = owner() if where == "pygraph" else None  # the backend graph needs libcudnn to be made
+        missing += [f"cudnn.{where}.{n}" for n in names if not (hasattr(owner, n) or hasattr(made, n))]
+    assert not missing, f"cudnn-frontend {cudnn.__version__} lacks {missing}"
+
+
+def test_the_list_names_every_internal_the_launcher_reads() -> None:
+    """Every ``_name`` that execute.py reads of something other than the launcher itself is in
+    PRIVATE_FRONTEND_NAMES, and every listed name is read there: the list cannot drift."""
+    tree = ast.parse(Path(execute.__file__).read_text())
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+            and not n.attr.startswith("__") and not (isinstance(n.value, ast.Name) and n.value.id == "self")}  # fmt: skip
+    listed = {n for names in execute.PRIVATE_FRONTEND_NAMES.values() for n in names}
+    assert read == listed
+
+
+class _LoweredWithoutRaw:
+    """The backend graph of a frontend without the pointer-array execute."""
+
+    def _execute_ordered(self, *a):  # pragma: no cover - never launched here
+        raise AssertionError("ordered path")
+
+    _execute_ordered_pack = _execute_ordered
+
+
+def test_a_frontend_graph_without_the_internals_takes_the_public_path_warned_once(monkeypatch) -> None:
+    """A real frontend graph, made to look built (a binding schema, a backend graph) by a frontend
+    whose backend graph has no ``_execute_with_raw_ptrs``."""
+    graph_class = cudnn_module().pygraph
+    monkeypatch.setattr(graph_class, "_prepare_ordered_binding_schema", lambda self: object())
+    monkeypatch.setattr(execute, "_warned_missing", False)
+
+    def built():
+        graph = graph_class()
+        graph._lowered_graph = _LoweredWithoutRaw()
+        return graph
+
+    with pytest.warns(UserWarning, match=r"has no _execute_with_raw_ptrs, .* public graph\.execute"):
+        launcher = PlanLauncher(built(), [1, 2, 3])
+    assert launcher.mode == "public" and launcher.native is None and not launcher.direct
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert PlanLauncher(built(), [1, 2, 3]).mode == "public"
+    calls: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stand-in that is not a frontend graph: no warning
+        assert PlanLauncher(_Graph([1, 2, 3], calls), [1, 2, 3]).mode == "raw"
+        assert PlanLauncher(object(), [1, 2, 3]).mode == "public"
 
 
 @pytest.mark.parametrize("shape, dtype, dense", [

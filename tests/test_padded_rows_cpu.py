@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from te_cudnn.plans import padded_rows as pr
-from te_cudnn import runtime as runtime_mod
 from te_cudnn.backends import BY_ENUM, Direction, Uid
 from te_cudnn.enums import FusedAttnBackend
 from te_cudnn.plans import make_key
@@ -423,7 +422,7 @@ def verdicts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setattr(pr, "_store", lambda device: state.store)
     monkeypatch.setattr(pr, "probe", lambda *a, **kw: state.probes(*a, **kw))
     monkeypatch.setattr(pr, "_capturing", lambda device: state.capturing)
-    monkeypatch.setattr(runtime_mod, "current_env", lambda device=None: ENV)
+    monkeypatch.setattr(pr, "current_env", lambda device=None: ENV)
     monkeypatch.setattr(pr, "_warned", set())
     pr.forget()
     yield state

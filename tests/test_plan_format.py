@@ -27,7 +27,7 @@ from te_cudnn.plans.store import PLAN_FORMAT_VERSION
 BACKENDS = Path(__file__).resolve().parents[1] / "te_cudnn" / "backends"
 
 #: (PLAN_FORMAT_VERSION, SHA-256 of te_cudnn/backends/*.py) -- update both together.
-RECORDED = (4, "1f92aecaf6b0dee174224d2076ac70cd5b50453374d5ef11b26ce49c400933d9")
+RECORDED = (5, "f69400a2ebbc8b31404344f49e0bb65f5e9789fd66c5c4ac6698f0a4415a8d81")
 
 
 def builders_hash() -> str:

@@ -4,6 +4,7 @@
 ``not_supported_reasons`` is empty, unless a later one that also serves declares itself
 measured faster for the configuration (``SubBackend.prefers``); ``explain`` returns every sub-backend's reasons. A
 forced backend (argument or ``force_backend`` context) is checked, never silently replaced.
+:data:`OPERANDS_BY_UID` names each uid's operand for a graph whose sub-backend is not known.
 """
 
 from __future__ import annotations
@@ -18,15 +19,29 @@ from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 from .f16_arbitrary import F16ArbitrarySeqlen
 from .f16_max512 import F16Max512Seqlen
 from .fp8 import FP8Backend
+from .operands import Operand
 
 __all__ = [
     "Capabilities", "Direction", "GraphSpec", "SubBackend", "Uid",
-    "REGISTRY", "BY_ENUM", "explain_config", "reasons", "select",
+    "REGISTRY", "BY_ENUM", "OPERANDS_BY_UID", "explain_config", "reasons", "select",
 ]  # fmt: skip
 
 #: Priority order. TE prefers arbitrary-seqlen over max512 whenever both are eligible.
 REGISTRY: tuple[SubBackend, ...] = (F16ArbitrarySeqlen(), F16Max512Seqlen(), FP8Backend())
 BY_ENUM: dict[FusedAttnBackend, SubBackend] = {b.enum: b for b in REGISTRY}
+
+
+def _first_declarations() -> dict[int, Operand]:
+    found: dict[int, Operand] = {}
+    for backend in REGISTRY:
+        for direction in Direction:
+            for op in backend.operands(direction):
+                found.setdefault(op.uid, op)
+    return found
+
+
+#: The first declaration of each uid in registry order (forward before backward).
+OPERANDS_BY_UID = _first_declarations()
 
 
 def reasons(backend: SubBackend, cfg: AttnConfig, env: RuntimeEnv, direction: Direction = Direction.FWD) -> list[str]:

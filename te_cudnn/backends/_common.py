@@ -7,6 +7,7 @@ from typing import Any
 from ..config import AttnConfig
 from ..runtime import cudnn_module, torch_dtype_to_cudnn
 from .base import Uid
+from .operands import Operands
 
 
 def new_graph(name: str, cfg: AttnConfig, handle: Any) -> tuple[Any, Any]:
@@ -19,42 +20,23 @@ def new_graph(name: str, cfg: AttnConfig, handle: Any) -> tuple[Any, Any]:
     return cudnn.pygraph(name=name, io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, **kwargs), io
 
 
-def scalar(graph: Any, uid: int) -> Any:
-    """An fp32 [1, 1, 1, 1] device operand (scales, descales, amaxes)."""
-    f32 = cudnn_module().data_type.FLOAT
-    return graph.tensor(name=Uid.NAMES[uid], dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32, uid=uid)
-
-
-def padding_kwargs(graph: Any, cfg: AttnConfig) -> dict[str, Any]:
-    """``use_padding_mask`` with per-call int32 [b, 1, 1, 1] sequence-length operands."""
+def padding_kwargs(graph: Any, cfg: AttnConfig, operands: Operands) -> dict[str, Any]:
+    """``use_padding_mask`` with the per-call sequence-length operands, as declared."""
     if not cfg.mask.is_padding:
         return {}
-    i32 = cudnn_module().data_type.INT32
-    dims, strides = [cfg.b, 1, 1, 1], [1, 1, 1, 1]
-    return {
-        "use_padding_mask": True,
-        "seq_len_q": graph.tensor(name="seq_len_q", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_Q),
-        "seq_len_kv": graph.tensor(name="seq_len_kv", dim=dims, stride=strides, data_type=i32, uid=Uid.SEQ_LEN_KV),
-    }
+    return {"use_padding_mask": True, "seq_len_q": operands.tensor(graph, cfg, Uid.SEQ_LEN_Q),
+            "seq_len_kv": operands.tensor(graph, cfg, Uid.SEQ_LEN_KV)}  # fmt: skip
 
 
-def sink_kwargs(graph: Any, cfg: AttnConfig, backward: bool) -> dict[str, Any]:
-    """Attention sinks (TE's ``softmax_offset``): the fp32 ``[1, h, 1, 1]`` sink logits as
-    ``sink_token``, and in a learnable backward their gradient as ``dSink_token`` (an output the
-    caller marks) where the graph computes it (``cfg.dsink_in_graph``). Off-by-one passes zeros
-    and takes no gradient."""
+def sink_kwargs(graph: Any, cfg: AttnConfig, operands: Operands) -> dict[str, Any]:
+    """Attention sinks (TE's ``softmax_offset``): the sink logits as ``sink_token``, and in a
+    learnable backward their gradient as ``dSink_token`` where the graph computes it (the
+    backward's declarations have it where ``cfg.dsink_in_graph``). Off-by-one passes zeros and
+    takes no gradient."""
     if not cfg.has_sink:
         return {}
-    f32 = cudnn_module().data_type.FLOAT
-    dims, strides = [1, cfg.h, 1, 1], [cfg.h, 1, 1, 1]
-    kw = {"sink_token": graph.tensor(name="softmax_offset", dim=dims, stride=strides, data_type=f32, uid=Uid.SINK)}
-    if backward and cfg.dsink_in_graph:
-        kw["dSink_token"] = graph.tensor(name="d_softmax_offset", dim=dims, stride=strides, data_type=f32, uid=Uid.DSINK)
+    kw = {"sink_token": operands.tensor(graph, cfg, Uid.SINK)}
+    d_sink = operands.tensor(graph, cfg, Uid.DSINK) if Uid.DSINK in operands else None
+    if d_sink is not None:
+        kw["dSink_token"] = d_sink
     return kw
-
-
-def sink_uids(cfg: AttnConfig, backward: bool) -> list[int]:
-    """The operand uids :func:`sink_kwargs` declares, in binding order."""
-    if not cfg.has_sink:
-        return []
-    return [Uid.SINK, Uid.DSINK] if backward and cfg.dsink_in_graph else [Uid.SINK]

@@ -1,10 +1,12 @@
-"""The sub-backend contract: declared capabilities, "why not" reasons, graph builders.
+"""The sub-backend contract: declared capabilities, "why not" reasons, operands, graph builders.
 
 Each sub-backend declares its limits once, in a :class:`Capabilities` value. The base class
 turns the declaration into human-readable reasons (``not_supported_reasons``); a subclass
 only *adds* the rules a flat declaration cannot say (version- and arch-dependent ones). The
 selector and every error message use these reasons, and the test-suite generates its cases
-from the same declarations.
+from the same declarations. Its graphs' operands are declared once too
+(``fwd_operands`` / ``bwd_operands``, see :mod:`te_cudnn.backends.operands`): the binding
+order and the per-call runtime operands derive from them.
 """
 
 from __future__ import annotations
@@ -216,16 +218,40 @@ class SubBackend:
         raise NotImplementedError(f"{self.name}: backward graph builder not implemented ({self.caps.tracking_issue})")
 
     def build(self, cfg: AttnConfig, direction: Direction, handle: Any = None) -> GraphSpec:
-        if cfg.empty:  # cuDNN dies on zero-size graphs (SIGFPE in its heuristics, measured); te_cudnn.empty answers
+        if cfg.empty:  # cuDNN dies on zero-size graphs (SIGFPE in its heuristics); te_cudnn.empty answers
             raise ValueError(f"{cfg.summary()} is empty (a batch, sequence or token count of 0): no cuDNN graph is "
                              "built for it; fused_attn_fwd/bwd return its (empty or zero) results without cuDNN")  # fmt: skip
         return self.build_fwd(cfg, handle) if direction == Direction.FWD else self.build_bwd(cfg, handle)
 
+    # ---------------------------------------------------------------- operands
+    #: The operand declarations of the forward and backward graphs (``backends.operands.Operands``),
+    #: in binding order: the one source of the builders' tensors, the binding order and the
+    #: operand check's rules.
+    fwd_operands: Any = None
+    bwd_operands: Any = None
+
+    def operands(self, direction: Direction) -> Any:
+        """The declarations (``backends.operands.Operands``) of ``direction``'s graph."""
+        table = self.fwd_operands if direction == Direction.FWD else self.bwd_operands
+        if table is None:
+            raise NotImplementedError(f"{self.name}: {direction.value} operands not declared ({self.caps.tracking_issue})")
+        return table
+
     def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
-        """The uids of the graph's operands, in the order execute binds them. The builders put
-        exactly these into their :class:`GraphSpec`, and a plan loaded from the plan store takes
-        them from here (its key), never from the file."""
-        raise NotImplementedError(f"{self.name}: operand uids not implemented ({self.caps.tracking_issue})")
+        """The uids of the graph's operands, in the order execute binds them (the declarations').
+        The builders put exactly these into their :class:`GraphSpec`, and a plan loaded from the
+        plan store takes them from here (its key), never from the file."""
+        return self.operands(direction).uids(cfg)
+
+    def runtime_uids(self, cfg: AttnConfig, direction: Direction = Direction.FWD) -> list[int]:
+        """The uids of the per-call runtime operands (lengths, ragged offsets, page tables), in
+        binding order: the graph's last operands."""
+        return self.operands(direction).runtime_uids(cfg)
+
+    def expected_operands(self, cfg: AttnConfig, direction: Direction) -> tuple:
+        """The operands ``cfg``'s graph must declare (``backends.operands.DeclaredOperand``), in
+        binding order, from the declarations alone."""
+        return self.operands(direction).expected(cfg)
 
     # ---------------------------------------------------------------- runtime data
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:

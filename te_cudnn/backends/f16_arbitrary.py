@@ -9,18 +9,50 @@ from device memory (``rng_state``), so the backward replays the forward's mask.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..config import AttnConfig
-from ..enums import AttnBiasType, AttnMaskType, FusedAttnBackend, QKVLayout, SoftmaxType
+from ..enums import (
+    AttnBiasType,
+    AttnMaskType,
+    BACKEND_F16arb_ELTS_PER_THREADS,
+    FusedAttnBackend,
+    QKVLayout,
+    SoftmaxType,
+)
 from ..layouts import layout_info
-from ..runtime import RuntimeEnv, cudnn_module, cudnn_version_string, torch_dtype_to_cudnn
-from ._common import new_graph, padding_kwargs, sink_kwargs, sink_uids
+from ..runtime import RuntimeEnv, cudnn_module, cudnn_version_string
+from . import operands as op
+from ._common import new_graph, padding_kwargs, sink_kwargs
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
-__all__ = ["F16ArbitrarySeqlen"]
+__all__ = ["BWD_OPERANDS", "FWD_OPERANDS", "F16ArbitrarySeqlen"]
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+
+
+#: The per-row maximum logit (return_max_logit): shaped and placed as the stats.
+MAX = replace(op.STATS, uid=Uid.MAX, origin="the max_logit rows", present=lambda c: c.return_max_logit)
+#: dBias is contiguous, whatever the bias' strides: cuDNN plans backwards for a contiguous dBias
+#: that it declines for one whose rows are padded to 16 bytes.
+DBIAS = replace(op.BIAS, uid=Uid.DBIAS, source=op.Source.RESULT, strides=lambda c: _contiguous(c.bias_shape),
+                origin=None, output=True, present=lambda c: c.has_dbias)  # fmt: skip
+_RUNTIME = (op.SEQ_LEN_Q, op.SEQ_LEN_KV, *op.RAGGED, *op.PAGE_TABLES)
+#: The fixed operands, then the optional ones (bias and dBias, dropout seed and offset, the sink
+#: and its gradient, the max logit), then the per-call runtime tensors.
+FWD_OPERANDS = op.Operands(
+    op.Q, op.K, op.V, replace(op.O, dtype_inferred=True), op.STATS, op.BIAS, op.SEED, op.OFFSET, op.SINK, MAX,
+    *_RUNTIME,
+)  # fmt: skip
+BWD_OPERANDS = op.Operands(
+    op.Q, op.K, op.V, op.O_IN, op.STATS_IN, op.DO, op.grad(Uid.DQ), op.grad(Uid.DK), op.grad(Uid.DV), op.BIAS, DBIAS,
+    op.SEED, op.OFFSET, op.SINK, op.DSINK, *_RUNTIME,
+)  # fmt: skip
 
 
 class F16ArbitrarySeqlen(SubBackend):
@@ -39,6 +71,8 @@ class F16ArbitrarySeqlen(SubBackend):
         bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
         tracking_issue=None,
     )
+    fwd_operands = FWD_OPERANDS
+    bwd_operands = BWD_OPERANDS
 
     # ------------------------------------------------------------------ rules
     def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
@@ -88,9 +122,9 @@ class F16ArbitrarySeqlen(SubBackend):
         if broadcast_q and cfg.bias_shape[:3] == (1, 1, 1) and (cfg.is_training or direction == Direction.BWD):
             why.append(
                 f"attn_bias shape {list(cfg.bias_shape)} (111s) in training: cuDNN 9.19 plans its backward but returns "
-                "wrong gradients (dQ relative error 0.78, measured on H100); its forward is right (inference only)"
+                "wrong gradients (dQ relative error 0.78); its forward is right (inference only)"
             )
-        elif broadcast_q and cfg.bias_shape[:3] != (1, 1, 1):  # 111s: the forward plans and runs right (H100)
+        elif broadcast_q and cfg.bias_shape[:3] != (1, 1, 1):  # 111s: the forward plans and runs right
             why.append(
                 f"attn_bias shape {list(cfg.bias_shape)}: cuDNN needs a bias of [1|b, 1|h, sq, skv], or [1, 1, 1, skv] "
                 f"in inference (a bias broadcast over queries in only some dims is not fused)"
@@ -173,13 +207,11 @@ class F16ArbitrarySeqlen(SubBackend):
         return cfg.bottom_right_diagonal and (cfg.sq != cfg.skv or cfg.mask.is_padding)
 
     def rng_elts_per_thread(self, cfg: AttnConfig) -> int:
-        from ..enums import BACKEND_F16arb_ELTS_PER_THREADS
-
         return BACKEND_F16arb_ELTS_PER_THREADS
 
     # ------------------------------------------------------------------ graphs
-    def _mask_kwargs(self, cfg: AttnConfig, graph: Any) -> dict[str, Any]:
-        """attn_scale, bias/alibi, diagonal band and dropout options shared by fwd and bwd."""
+    def _mask_kwargs(self, cfg: AttnConfig, graph: Any, operands: op.Operands) -> dict[str, Any]:
+        """attn_scale, bias/alibi, diagonal band, padding, paging and dropout options shared by fwd and bwd."""
         cudnn = cudnn_module()
         kw: dict[str, Any] = {"attn_scale": cfg.attn_scale}
         left, right = cfg.window
@@ -193,144 +225,56 @@ class F16ArbitrarySeqlen(SubBackend):
             )
         if cfg.bias_type == AttnBiasType.alibi:
             kw["use_alibi_mask"] = True
-        kw.update(padding_kwargs(graph, cfg))
+        kw.update(padding_kwargs(graph, cfg, operands))
         if cfg.paged is not None:
-            i32 = cudnn.data_type.INT32
-            pages = cfg.paged[2]
-            for key, uid in (("paged_attention_k_table", Uid.PAGE_TABLE_K), ("paged_attention_v_table", Uid.PAGE_TABLE_V)):
-                kw[key] = graph.tensor(name=Uid.NAMES[uid], dim=[cfg.b, 1, pages, 1], stride=[pages, pages, 1, 1],
-                                       data_type=i32, uid=uid)  # fmt: skip
+            kw["paged_attention_k_table"] = operands.tensor(graph, cfg, Uid.PAGE_TABLE_K)
+            kw["paged_attention_v_table"] = operands.tensor(graph, cfg, Uid.PAGE_TABLE_V)
             # the keys a page list holds: cuDNN wants a table of exactly ceil(max / page_size) pages,
             # and the per-sequence lengths (padding masks only) bound what is read
-            kw["paged_attention_max_seq_len_kv"] = pages * cfg.paged[1]
+            kw["paged_attention_max_seq_len_kv"] = cfg.paged[2] * cfg.paged[1]
         if cfg.has_dropout:
-            i64 = cudnn.data_type.INT64
-            seed = graph.tensor(name="seed", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.SEED)
-            offset = graph.tensor(name="offset", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=Uid.OFFSET)
-            kw["dropout"] = (cfg.dropout, seed, offset)
+            kw["dropout"] = (cfg.dropout, operands.tensor(graph, cfg, Uid.SEED), operands.tensor(graph, cfg, Uid.OFFSET))
         return kw
 
-    @staticmethod
-    def _ragged(g: Any, cfg: AttnConfig) -> dict[int, Any]:
-        """Ragged-offset tensors of the THD sides, by the uid of the tensor they place."""
-        i64 = cudnn_module().data_type.INT64
-        uids = ([Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS] if cfg.ragged_q else []) + (
-            [Uid.RAGGED_K, Uid.RAGGED_V] if cfg.ragged_kv else []
-        )
-        return {
-            uid: g.tensor(name=Uid.NAMES[uid], dim=[cfg.b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64, uid=uid)
-            for uid in uids
-        }
-
-    @staticmethod
-    def runtime_uids(cfg: AttnConfig) -> list[int]:
-        """Uids of per-call runtime tensors, in the order the graphs list them last."""
-        uids = [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV] if cfg.mask.is_padding else []
-        if cfg.ragged_q:
-            uids += [Uid.RAGGED_Q, Uid.RAGGED_O, Uid.RAGGED_STATS]
-        if cfg.ragged_kv:
-            uids += [Uid.RAGGED_K, Uid.RAGGED_V]
-        if cfg.paged is not None:
-            uids += [Uid.PAGE_TABLE_K, Uid.PAGE_TABLE_V]
-        return uids
-
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
-        g, io = new_graph(f"te_cudnn_{self.name}_{direction.value}", cfg, handle)
-        rag = self._ragged(g, cfg)
-        q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q,
-                     ragged_offset=rag.get(Uid.RAGGED_Q))  # fmt: skip
-        kv_b, kv_s = (cfg.paged[0], cfg.paged[1]) if cfg.paged else (cfg.b, cfg.skv)  # page pools
-        k = g.tensor(name="k", dim=[kv_b, cfg.hg, kv_s, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K,
-                     ragged_offset=rag.get(Uid.RAGGED_K))  # fmt: skip
-        v = g.tensor(name="v", dim=[kv_b, cfg.hg, kv_s, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V,
-                     ragged_offset=rag.get(Uid.RAGGED_V))  # fmt: skip
-        bias = None
-        if cfg.bias_type == AttnBiasType.post_scale_bias:
-            bias = g.tensor(name="bias", dim=list(cfg.bias_shape), stride=list(cfg.bias_stride), data_type=io, uid=Uid.BIAS)
-        return g, q, k, v, bias, rag
-
-    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
-        """The fixed operands, then the optional ones in the order ops.py binds them: bias (and
-        dBias in the backward), dropout seed/offset, the per-call runtime tensors."""
-        if direction == Direction.FWD:
-            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS]
-        else:
-            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV]
-        if cfg.bias_type == AttnBiasType.post_scale_bias:
-            uids.append(Uid.BIAS)
-            if direction == Direction.BWD and cfg.has_dbias:
-                uids.append(Uid.DBIAS)
-        if cfg.has_dropout:
-            uids += [Uid.SEED, Uid.OFFSET]
-        uids += sink_uids(cfg, direction == Direction.BWD)
-        if direction == Direction.FWD and cfg.return_max_logit:
-            uids.append(Uid.MAX)
-        return tuple(uids + self.runtime_uids(cfg))
+        """The graph with its ragged offsets, q, k, v and bias (None without one)."""
+        g, _ = new_graph(f"te_cudnn_{self.name}_{direction.value}", cfg, handle)
+        table = self.operands(direction)
+        rag = table.ragged_offsets(g, cfg)
+        q, k, v, bias = (table.tensor(g, cfg, uid, rag) for uid in (Uid.Q, Uid.K, Uid.V, Uid.BIAS))
+        return g, table, q, k, v, bias, rag
 
     def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
-        cudnn = cudnn_module()
-        g, q, k, v, bias, rag = self._graph(cfg, handle, Direction.FWD)
-        kw = self._mask_kwargs(cfg, g)
-        kw.update(sink_kwargs(g, cfg, backward=False))
+        g, table, q, k, v, bias, rag = self._graph(cfg, handle, Direction.FWD)
+        kw = self._mask_kwargs(cfg, g, table)
+        kw.update(sink_kwargs(g, cfg, table))
         if bias is not None:
             kw["bias"] = bias
-        score_max = None
         if cfg.return_max_logit:  # cuDNN >= 9.21 (extra_reasons): the maximum logit of each row, shaped as the stats
-            score_max = g.tensor(name="max", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
-                                 data_type=cudnn.data_type.FLOAT, uid=Uid.MAX, ragged_offset=rag.get(Uid.RAGGED_STATS))  # fmt: skip
-            kw["score_max"] = score_max
+            kw["score_max"] = table.tensor(g, cfg, Uid.MAX, rag)
         # TE generates the stats in inference too: aux_ctx_tensors always carries them.
         o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **kw)
-        if score_max is not None:
-            score_max.set_output(True)
-        o.set_output(True).set_uid(Uid.O).set_dim([cfg.b, cfg.h, cfg.sq, cfg.d_v]).set_stride(list(cfg.o_stride))
-        stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT)
-        stats.set_dim([cfg.b, cfg.h, cfg.sq, 1]).set_stride(list(cfg.stats_stride))
-        if cfg.ragged_q:
-            o.set_ragged_offset(rag[Uid.RAGGED_O])
-            stats.set_ragged_offset(rag[Uid.RAGGED_STATS])
+        table.output(o, cfg, Uid.O, rag)
+        table.output(stats, cfg, Uid.STATS, rag)
         return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
-        cudnn = cudnn_module()
-        io = torch_dtype_to_cudnn(cfg.dtype)
-        g, q, k, v, bias, rag = self._graph(cfg, handle, Direction.BWD)
-        o_dims = [cfg.b, cfg.h, cfg.sq, cfg.d_v]
-        o = g.tensor(name="o", dim=o_dims, stride=list(cfg.o_stride), data_type=io, uid=Uid.O, ragged_offset=rag.get(Uid.RAGGED_O))
-        d_o = g.tensor(name="d_o", dim=o_dims, stride=list(cfg.do_stride or cfg.o_stride), data_type=io, uid=Uid.DO,
-                       ragged_offset=rag.get(Uid.RAGGED_O))  # fmt: skip
-        stats = g.tensor(name="stats", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
-                         data_type=cudnn.data_type.FLOAT, uid=Uid.STATS, ragged_offset=rag.get(Uid.RAGGED_STATS))  # fmt: skip
-        kw = self._mask_kwargs(cfg, g)
-        kw.update(sink_kwargs(g, cfg, backward=True))
+        g, table, q, k, v, bias, rag = self._graph(cfg, handle, Direction.BWD)
+        o, d_o, stats = (table.tensor(g, cfg, uid, rag) for uid in (Uid.O, Uid.DO, Uid.STATS))
+        kw = self._mask_kwargs(cfg, g, table)
+        kw.update(sink_kwargs(g, cfg, table))
         if cfg.ragged_q:
             kw["max_total_seq_len_q"] = cfg.max_total_q
         if cfg.ragged_kv:
             kw["max_total_seq_len_kv"] = cfg.max_total_kv
-        dbias = None
         if bias is not None:
             kw["bias"] = bias
             if cfg.has_dbias:
-                # contiguous, whatever the bias' strides: with skv = 100 in bf16 cuDNN 9.19 plans a backward
-                # for a contiguous dBias but none for one whose rows are padded to 16 bytes (measured on H100)
-                shape = list(cfg.bias_shape)
-                contiguous = [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1]
-                dbias = g.tensor(name="dbias", dim=shape, stride=contiguous, data_type=io, uid=Uid.DBIAS)
-                kw["dBias"] = dbias
+                kw["dBias"] = table.tensor(g, cfg, Uid.DBIAS)
         dq, dk, dv = g.sdpa_backward(
             q=q, k=k, v=v, o=o, dO=d_o, stats=stats, use_deterministic_algorithm=cfg.deterministic, name="sdpa_backward", **kw
         )
         # Gradients are allocated in the layout's own format (packed where the layout packs).
-        for t, uid, dim, stride, off in (
-            (dq, Uid.DQ, [cfg.b, cfg.h, cfg.sq, cfg.d_qk], cfg.grad_strides[0], rag.get(Uid.RAGGED_Q)),
-            (dk, Uid.DK, [cfg.b, cfg.hg, cfg.skv, cfg.d_qk], cfg.grad_strides[1], rag.get(Uid.RAGGED_K)),
-            (dv, Uid.DV, [cfg.b, cfg.hg, cfg.skv, cfg.d_v], cfg.grad_strides[2], rag.get(Uid.RAGGED_V)),
-        ):
-            t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(io)
-            if off is not None:
-                t.set_ragged_offset(off)
-        if dbias is not None:
-            dbias.set_output(True)
-        if "dSink_token" in kw:
-            kw["dSink_token"].set_output(True)
+        for t, uid in ((dq, Uid.DQ), (dk, Uid.DK), (dv, Uid.DV)):
+            table.output(t, cfg, uid, rag)
         return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

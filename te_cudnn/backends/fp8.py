@@ -14,21 +14,62 @@ alibi, sliding window or bottom-right alignment; dense bshd/sbhd layouts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+import torch
 
 from ..config import FP8_DTYPES, AttnConfig
 from ..enums import BACKEND_FP8_THREADS_PER_CTA, AttnBiasType, AttnMaskType, FusedAttnBackend, SoftmaxType
 from ..layouts import DENSE_LAYOUTS
-from ..runtime import RuntimeEnv, cudnn_module, cudnn_version_string, torch_dtype_to_cudnn
-from ._common import new_graph, padding_kwargs, scalar, sink_kwargs, sink_uids
+from ..runtime import RuntimeEnv, cudnn_version_string
+from . import operands as op
+from ._common import new_graph, padding_kwargs, sink_kwargs
 from .base import Capabilities, Direction, GraphSpec, SubBackend, Uid
 
-__all__ = ["FP8Backend"]
+__all__ = ["BWD_OPERANDS", "BWD_SCALARS", "FWD_OPERANDS", "FWD_SCALARS", "FP8Backend"]
 
 FWD_SCALARS = (Uid.DESCALE_Q, Uid.DESCALE_K, Uid.DESCALE_V, Uid.DESCALE_S, Uid.SCALE_S, Uid.SCALE_O)
 BWD_SCALARS = (
     Uid.DESCALE_Q, Uid.DESCALE_K, Uid.DESCALE_V, Uid.DESCALE_O, Uid.DESCALE_DO, Uid.DESCALE_S, Uid.DESCALE_DP,
     Uid.SCALE_S, Uid.SCALE_DQ, Uid.SCALE_DK, Uid.SCALE_DV, Uid.SCALE_DP,
+)  # fmt: skip
+FWD_AMAXES = (Uid.AMAX_S, Uid.AMAX_O)
+BWD_AMAXES = (Uid.AMAX_DQ, Uid.AMAX_DK, Uid.AMAX_DV, Uid.AMAX_DP)
+
+#: The metadata slot (argument[offset argument]) each scaling operand and amax is a view of.
+_SLOTS = {
+    Uid.DESCALE_Q: "d_scale_qkv", Uid.DESCALE_K: "d_scale_qkv", Uid.DESCALE_V: "d_scale_qkv",
+    Uid.DESCALE_S: "d_scale_s", Uid.SCALE_S: "q_scale_s", Uid.SCALE_O: "q_scale_o", Uid.AMAX_S: "amax_s",
+    Uid.AMAX_O: "amax_o", Uid.DESCALE_O: "d_scale_o", Uid.DESCALE_DO: "d_scale_do", Uid.DESCALE_DP: "d_scale_dp",
+    Uid.SCALE_DQ: "q_scale_dqkv", Uid.SCALE_DK: "q_scale_dqkv", Uid.SCALE_DV: "q_scale_dqkv",
+    Uid.SCALE_DP: "q_scale_dp", Uid.AMAX_DP: "amax_dp",
+}  # fmt: skip
+
+
+def _scalar(uid: int) -> op.Operand:
+    """An fp32 [1, 1, 1, 1] scaling operand or amax: a view of one metadata slot, except the
+    dQ/dK/dV amaxes, rows of a scratch reduced into amax_dqkv's slot after the call."""
+    one, slot = op.const((1, 1, 1, 1)), _SLOTS.get(uid)
+    origin = f"{slot}[{slot}_offset]" if slot else "a scratch row, reduced into amax_dqkv[amax_dqkv_offset]"
+    return op.Operand(uid, op.Source.FP8_SLOT if slot else op.Source.SCRATCH, one, one, op.const(torch.float32),
+                      origin=origin, output=uid in FWD_AMAXES + BWD_AMAXES, align16=False)  # fmt: skip
+
+
+def _grad_dtype(cfg: AttnConfig) -> torch.dtype:
+    """dO's dtype, and with it dQ/dK/dV's (TE's HYBRID format: E5M2 gradients)."""
+    return cfg.do_dtype or cfg.dtype
+
+
+#: The tensors, the fp32 scaling operands and amaxes, the sink (and its gradient), then the
+#: lengths of a padding mask.
+FWD_OPERANDS = op.Operands(
+    op.Q, op.K, op.V, op.O, op.STATS, *map(_scalar, FWD_SCALARS + FWD_AMAXES), op.SINK, op.SEQ_LEN_Q, op.SEQ_LEN_KV,
+)  # fmt: skip
+BWD_OPERANDS = op.Operands(
+    op.Q, op.K, op.V, op.O_IN, op.STATS_IN, replace(op.DO, dtype=_grad_dtype),
+    *(op.grad(u, _grad_dtype) for u in (Uid.DQ, Uid.DK, Uid.DV)), *map(_scalar, BWD_SCALARS + BWD_AMAXES), op.SINK,
+    op.DSINK, op.SEQ_LEN_Q, op.SEQ_LEN_KV,
 )  # fmt: skip
 
 
@@ -48,6 +89,8 @@ class FP8Backend(SubBackend):
         min_cudnn=90100,
         bad_cudnn=frozenset({91000}),  # TE: known SDPA FP8 bugs in 9.10.0
     )
+    fwd_operands = FWD_OPERANDS
+    bwd_operands = BWD_OPERANDS
 
     def extra_reasons(self, cfg: AttnConfig, env: RuntimeEnv, direction: Direction) -> list[str]:
         why: list[str] = []
@@ -72,72 +115,29 @@ class FP8Backend(SubBackend):
         # TE's quirk, kept for bit-compatible Philox offsets: ceil(sq * sq / 128)
         return -(-cfg.sq * cfg.sq // BACKEND_FP8_THREADS_PER_CTA)
 
-    @staticmethod
-    def runtime_uids(cfg: AttnConfig) -> list[int]:
-        return [Uid.SEQ_LEN_Q, Uid.SEQ_LEN_KV] if cfg.mask.is_padding else []
-
-    def operand_uids(self, cfg: AttnConfig, direction: Direction) -> tuple[int, ...]:
-        """The tensors, the fp32 scaling operands and amaxes, then the lengths of a padding mask."""
-        if direction == Direction.FWD:
-            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, *FWD_SCALARS, Uid.AMAX_S, Uid.AMAX_O]
-        else:
-            uids = [Uid.Q, Uid.K, Uid.V, Uid.O, Uid.STATS, Uid.DO, Uid.DQ, Uid.DK, Uid.DV, *BWD_SCALARS,
-                    Uid.AMAX_DQ, Uid.AMAX_DK, Uid.AMAX_DV, Uid.AMAX_DP]  # fmt: skip
-        return tuple(uids + sink_uids(cfg, direction == Direction.BWD) + self.runtime_uids(cfg))
-
     # ------------------------------------------------------------------ graphs
     def _graph(self, cfg: AttnConfig, handle: Any, direction: Direction):
-        g, io = new_graph(f"te_cudnn_FP8_{direction.value}", cfg, handle)
-        q = g.tensor(name="q", dim=[cfg.b, cfg.h, cfg.sq, cfg.d_qk], stride=list(cfg.q_stride), data_type=io, uid=Uid.Q)
-        k = g.tensor(name="k", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_qk], stride=list(cfg.k_stride), data_type=io, uid=Uid.K)
-        v = g.tensor(name="v", dim=[cfg.b, cfg.hg, cfg.skv, cfg.d_v], stride=list(cfg.v_stride), data_type=io, uid=Uid.V)
-        opts = {"attn_scale": cfg.attn_scale, "use_causal_mask": cfg.mask.is_causal, **padding_kwargs(g, cfg),
-                **sink_kwargs(g, cfg, backward=direction == Direction.BWD)}  # fmt: skip
-        return g, io, q, k, v, opts
-
-    @staticmethod
-    def _amax(t: Any, uid: int) -> None:
-        t.set_output(True).set_uid(uid).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
-        t.set_data_type(cudnn_module().data_type.FLOAT)
+        g, _ = new_graph(f"te_cudnn_FP8_{direction.value}", cfg, handle)
+        table = self.operands(direction)
+        q, k, v = (table.tensor(g, cfg, uid) for uid in (Uid.Q, Uid.K, Uid.V))
+        opts = {"attn_scale": cfg.attn_scale, "use_causal_mask": cfg.mask.is_causal, **padding_kwargs(g, cfg, table),
+                **sink_kwargs(g, cfg, table)}  # fmt: skip
+        return g, table, q, k, v, opts
 
     def build_fwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
-        cudnn = cudnn_module()
-        g, io, q, k, v, opts = self._graph(cfg, handle, Direction.FWD)
-        s = {uid: scalar(g, uid) for uid in FWD_SCALARS}
-        o, stats, amax_s, amax_o = g.sdpa_fp8(
-            q, k, v, s[Uid.DESCALE_Q], s[Uid.DESCALE_K], s[Uid.DESCALE_V], s[Uid.DESCALE_S], s[Uid.SCALE_S],
-            s[Uid.SCALE_O], generate_stats=True, name="sdpa_fp8", **opts,
-        )  # fmt: skip
-        o.set_output(True).set_uid(Uid.O).set_dim([cfg.b, cfg.h, cfg.sq, cfg.d_v]).set_stride(list(cfg.o_stride))
-        o.set_data_type(io)
-        stats.set_output(True).set_uid(Uid.STATS).set_data_type(cudnn.data_type.FLOAT)
-        stats.set_dim([cfg.b, cfg.h, cfg.sq, 1]).set_stride(list(cfg.stats_stride))
-        self._amax(amax_s, Uid.AMAX_S)
-        self._amax(amax_o, Uid.AMAX_O)
+        g, table, q, k, v, opts = self._graph(cfg, handle, Direction.FWD)
+        scales = [table.tensor(g, cfg, uid) for uid in FWD_SCALARS]
+        results = g.sdpa_fp8(q, k, v, *scales, generate_stats=True, name="sdpa_fp8", **opts)
+        for t, uid in zip(results, (Uid.O, Uid.STATS, *FWD_AMAXES)):
+            table.output(t, cfg, uid)
         return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:
-        cudnn = cudnn_module()
-        g, io, q, k, v, opts = self._graph(cfg, handle, Direction.BWD)
-        grad_io = torch_dtype_to_cudnn(cfg.do_dtype or cfg.dtype)
-        o_dims = [cfg.b, cfg.h, cfg.sq, cfg.d_v]
-        o = g.tensor(name="o", dim=o_dims, stride=list(cfg.o_stride), data_type=io, uid=Uid.O)
-        d_o = g.tensor(name="d_o", dim=o_dims, stride=list(cfg.do_stride or cfg.o_stride), data_type=grad_io, uid=Uid.DO)
-        stats = g.tensor(name="stats", dim=[cfg.b, cfg.h, cfg.sq, 1], stride=list(cfg.stats_stride),
-                         data_type=cudnn.data_type.FLOAT, uid=Uid.STATS)  # fmt: skip
-        s = {uid: scalar(g, uid) for uid in BWD_SCALARS}
-        dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp = g.sdpa_fp8_backward(
-            q, k, v, o, d_o, stats, *(s[uid] for uid in BWD_SCALARS),
-            use_deterministic_algorithm=cfg.deterministic, name="sdpa_fp8_backward", **opts,
-        )  # fmt: skip
-        for t, uid, dim, stride in (
-            (dq, Uid.DQ, [cfg.b, cfg.h, cfg.sq, cfg.d_qk], cfg.grad_strides[0]),
-            (dk, Uid.DK, [cfg.b, cfg.hg, cfg.skv, cfg.d_qk], cfg.grad_strides[1]),
-            (dv, Uid.DV, [cfg.b, cfg.hg, cfg.skv, cfg.d_v], cfg.grad_strides[2]),
-        ):
-            t.set_output(True).set_uid(uid).set_dim(dim).set_stride(list(stride)).set_data_type(grad_io)
-        for t, uid in ((amax_dq, Uid.AMAX_DQ), (amax_dk, Uid.AMAX_DK), (amax_dv, Uid.AMAX_DV), (amax_dp, Uid.AMAX_DP)):
-            self._amax(t, uid)
-        if "dSink_token" in opts:
-            opts["dSink_token"].set_output(True)
+        g, table, q, k, v, opts = self._graph(cfg, handle, Direction.BWD)
+        o, d_o, stats = (table.tensor(g, cfg, uid) for uid in (Uid.O, Uid.DO, Uid.STATS))
+        scales = [table.tensor(g, cfg, uid) for uid in BWD_SCALARS]
+        results = g.sdpa_fp8_backward(q, k, v, o, d_o, stats, *scales, use_deterministic_algorithm=cfg.deterministic,
+                                      name="sdpa_fp8_backward", **opts)  # fmt: skip
+        for t, uid in zip(results, (Uid.DQ, Uid.DK, Uid.DV, *BWD_AMAXES)):
+            table.output(t, cfg, uid)
         return GraphSpec(g, self.operand_uids(cfg, Direction.BWD), Direction.BWD)

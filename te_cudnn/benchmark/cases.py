@@ -256,7 +256,7 @@ def all_cases() -> tuple[Case, ...]:
 GROUPS = ("te", "llama", "thd", "decode", "fp8", "memory", "max512")
 #: What a run without ``--cases`` measures.
 DEFAULT_GROUPS = ("te", "llama", "thd", "decode", "fp8", "memory")
-#: ``--quick``: one of each kind, about a minute on an H100.
+#: ``--quick``: one of each kind.
 QUICK = ("test_0", "test_3", "llama_h32_s8k", "thd_mixed_16k", "decode_kv8k", "decode_kv32k", "fp8_b2_h32_s8k",
          "mem_h32_s64k")  # fmt: skip
 

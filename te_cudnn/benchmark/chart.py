@@ -8,14 +8,22 @@ from typing import Optional
 from .rows import _contenders, flat_rows
 
 
+def pyplot():
+    """matplotlib's ``pyplot`` on the off-screen Agg backend: the benchmark's one import of
+    matplotlib (the optional ``bench`` extra). Raises ImportError without it."""
+    import matplotlib  # noqa: PLC0415 - optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after use("Agg"): never a GUI backend
+
+    return plt
+
+
 def write_chart(results: dict, path: str) -> Optional[str]:
     """A PNG: fwd+bwd TFLOP/s per training case and KV-cache GB/s per decode case, one bar per
     contender, with the measured ceilings as lines. Returns None, or why no chart was written."""
     try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        plt = pyplot()
     except ImportError:
         return "matplotlib is not installed (pip install 'te_cudnn[bench]'); no chart written"
     flat = [r for r in flat_rows(results) if r["status"] == "ok"]

@@ -1,7 +1,7 @@
 """Command line: ``te-cudnn bench ...`` (through :func:`register`) and ``python -m te_cudnn.benchmark``.
 
-    python -m te_cudnn.benchmark --quick --out bench/        # about a minute on an H100
-    python -m te_cudnn.benchmark --out bench/                # every default case, under 9 minutes
+    python -m te_cudnn.benchmark --quick --out bench/        # one case of each kind
+    python -m te_cudnn.benchmark --out bench/                # every default case
     python -m te_cudnn.benchmark --cases llama,decode_kv8k --contenders te_cudnn,sdpa
     python -m te_cudnn.benchmark --list                      # cases and contenders (no GPU needed)
 
@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 from typing import Any, Optional, Sequence
+
+import torch
 
 from . import report
 from .cases import DEFAULT_GROUPS, GROUPS, QUICK, all_cases, select_cases
@@ -81,7 +83,7 @@ def _store_setting(text: str) -> str:
 
 
 def _add_options(add: Any) -> None:
-    add("--quick", action="store_true", help="a small subset, about one minute on an H100")
+    add("--quick", action="store_true", help="a small subset: one case of each kind")
     add("--cases", default=None, help="comma-separated case names or groups (default: the default groups; "
                                       "'all' adds max512, 'none' runs only the ceilings and host time)")
     add("--contenders", default=None, help="comma-separated contenders or groups (default: all)")
@@ -157,8 +159,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.rounds is not None and args.rounds < 1:
         _err(f"--rounds {args.rounds} must be at least 1")
         return EXIT_USAGE
-    import torch  # noqa: PLC0415
-
     if not torch.cuda.is_available():
         _err("needs a CUDA GPU with cuDNN; torch.cuda.is_available() is False on this machine (--list works without one)")
         return EXIT_NO_GPU

@@ -29,10 +29,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..autograd import fused_attention
+from ..integrations import transformers as te_hf
 from ..module import DotProductAttention
 from ..ops import fused_attn_fwd
+from ..runtime import cudnn_module
 from ..sdpa import scaled_dot_product_attention
 from ..timing import event_ms, host_medians
+from .chart import pyplot
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -47,10 +50,16 @@ class _Stub(torch.nn.Module):
     is_causal = False
 
 
+def _transformers():
+    """The ``transformers`` module (the optional ``hf`` extra) with its ``sdpa`` attention function
+    loaded: this module's one import of it. Raises ImportError without it."""
+    import transformers.integrations.sdpa_attention  # noqa: PLC0415 - optional dependency; binds ``transformers``
+
+    return transformers
+
+
 def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
     """Median host microseconds per cached forward call of each door (no gradient)."""
-    from te_cudnn.integrations import transformers as te_hf  # noqa: PLC0415 - optional dependency
-
     b, h, s, d = 1, 8, 128, 64
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=BF16) for _ in range(3))
     qb, kb, vb = (torch.randn(b, h, s, d, device="cuda", dtype=BF16) for _ in range(3))
@@ -72,14 +81,12 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
         "torch SDPA (cuDNN backend)": torch_cudnn,
     }  # fmt: skip
     try:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
-
+        sdpa_attention_forward = _transformers().integrations.sdpa_attention.sdpa_attention_forward
         fns["transformers sdpa attention function"] = lambda: sdpa_attention_forward(stub, qb, kb, vb, None)
-    except ImportError:
+    except (ImportError, AttributeError):
         pass
     try:
-        import cudnn  # noqa: PLC0415
-
+        cudnn = cudnn_module()
         op = getattr(getattr(cudnn, "ops", None), "sdpa", None) or getattr(cudnn, "sdpa_torch", None)
         if op is not None:
             fns["cudnn frontend PyTorch op"] = lambda: op(qb, kb, vb)
@@ -128,10 +135,9 @@ def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> li
 
 
 def _llama_config():
-    from transformers import LlamaConfig  # noqa: PLC0415
-
-    return LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)  # fmt: skip
+    return _transformers().LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                       max_position_embeddings=4096)  # fmt: skip
 
 
 def _timed(fn: Callable[[], Any], reps: int) -> float:
@@ -148,11 +154,8 @@ def _timed(fn: Callable[[], Any], reps: int) -> float:
 
 def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa."""
-    import transformers  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    from te_cudnn.integrations import transformers as te_hf  # noqa: PLC0415
-
+    transformers = _transformers()
+    AutoModelForCausalLM = transformers.AutoModelForCausalLM
     te_hf.register()
     torch.manual_seed(0)
     state = AutoModelForCausalLM.from_config(_llama_config()).to(BF16).state_dict()
@@ -168,7 +171,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[st
             with torch.no_grad():
                 sec = _timed(lambda: model.generate(ids, **kw), reps)
                 r[f"generate b={b} dynamic cache tokens/s"] = b * new_tokens / sec
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
                 try:
                     sec = _timed(lambda: model.generate(ids, cache_implementation="static", compile_config=cc, **kw),
@@ -221,11 +224,7 @@ def _markdown(res: dict[str, Any]) -> str:
 
 
 def _chart(res: dict[str, Any], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 - optional dependency
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    plt = pyplot()  # ImportError without matplotlib
     host = res.get("host", {})
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(host) + 1.2))
     names = list(host)

@@ -143,13 +143,11 @@ def _host_tuned(settings: Settings, fns: dict[str, Callable[[], Any]], bhs: tupl
                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     """The host problem again with its plan autotuned (``autotuning(True)`` around one call, as a
     user turns it on): the tuner may choose another engine, whose launch can cost less host
-    time (on an H100 the heuristic plan memsets its 256-byte workspace before every launch, a
+    time (on Hopper the heuristic plan memsets its 256-byte workspace before every launch, a
     workspace-free engine does not). Timed in rounds of its own, interleaved with the
     yardsticks again, after the untuned calls are done (the tuned plan replaces the untuned
     one in the plan cache)."""
     ctx = autotuning_context()
-    if ctx is None:
-        return {"error": "autotuning not available in this build"}
     before = _host_plan(*bhs)
     with ctx():
         fns[HOST_TE]()

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..enums import META_O, META_S
+from ..fp8 import Fp8AttentionMeta
 from .cases import Case
 
 __all__ = ["Inputs", "Fp8Inputs", "make_inputs", "tensor_bytes"]
@@ -104,9 +106,6 @@ class Inputs:
         """q, k, v (E4M3) and dO (E5M2) quantized from the bf16 inputs, with delayed-scaling
         metadata calibrated on them (one step, as a training loop's second step would have)."""
         if "fp8" not in self._cache:
-            from ..enums import META_O, META_S  # noqa: PLC0415
-            from ..fp8 import Fp8AttentionMeta  # noqa: PLC0415
-
             meta = Fp8AttentionMeta(device=self.device)
             for t in (self.q, self.k, self.v):
                 meta.quantize(t, "qkv")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..ops import release_workspaces
 from ..plans.order import ORDER_SEED, order_rng, round_order
 from ..timing import capture, event_ms, host_medians, median_ms
 
@@ -102,8 +103,6 @@ def free_memory() -> None:
     allocator's cached blocks."""
     gc.collect()
     try:
-        from ..ops import release_workspaces  # noqa: PLC0415
-
         release_workspaces()
     except Exception:  # noqa: BLE001 - best effort
         pass

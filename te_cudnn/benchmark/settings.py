@@ -26,7 +26,7 @@ class Settings:
     host_calls: int = 2000
     host_tuned: bool = True  # the host problem again with its plan autotuned (rounds of its own)
     peaks: bool = True
-    deadline_s: float = 600.0  # no case or contender starts after this many seconds (a full H100 run: ~500 s)
+    deadline_s: float = 600.0  # no case or contender starts after this many seconds
     every_case: bool = False  # FlexAttention and te_cudnn autotuned on every case, not their default subsets
     plan_store: str = "fresh"  # "fresh" (a private empty store for the run), "default", "off" or a directory
 

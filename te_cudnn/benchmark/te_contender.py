@@ -11,8 +11,9 @@ import torch
 from ..backends import REGISTRY
 from ..config import describe_fwd
 from ..decode import fused_attn_decode
-from ..enums import FusedAttnBackend
+from ..enums import META_O, FusedAttnBackend
 from ..ops import fused_attn_bwd, fused_attn_fwd
+from ..plans.tune import autotuning
 from ..runtime import current_env
 from ..selection import explain
 from .cases import Case
@@ -22,13 +23,9 @@ from .inputs import Inputs
 __all__ = ["TeCudnn", "TeCudnnRun", "TeCudnnDecode", "TeCudnnDecodeRun", "autotuning_context", "AUTOTUNE_DEFAULT_CASES"]
 
 
-def autotuning_context() -> Optional[Callable[[], Any]]:
+def autotuning_context() -> Callable[[], Any]:
     """``te_cudnn.plans.tune.autotuning(True)`` as a context factory (the te_cudnn autotuned
-    contenders and the host section's tuned rounds), or None where the module cannot be imported."""
-    try:
-        from ..plans.tune import autotuning  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:
-        return None
+    contenders and the host section's tuned rounds)."""
     return lambda: autotuning(True)
 
 
@@ -113,8 +110,6 @@ class TeCudnnRun(Run):
     def output(self) -> torch.Tensor:
         out, _ = self.fwd()
         if self.precision == "fp8":
-            from ..enums import META_O  # noqa: PLC0415
-
             return out.float() * self.inp.fp8().meta.fwd.scale_inv[META_O]
         return out
 
@@ -150,8 +145,6 @@ class TeCudnn(Contender):
     def supports(self, case: Case) -> Optional[str]:
         if self.fp8 and case.dtype != "fp8":
             return "runs the FP8 cases only (group fp8), where its inputs are the bf16 inputs quantized"
-        if self.autotune and autotuning_context() is None:
-            return "autotuning not available (te_cudnn.plans.tune is not in this build)"
         dtype = torch.float8_e4m3fn if self.fp8 else torch.bfloat16
         try:
             reasons = _explain_reasons(case, dtype, self.env)
@@ -166,8 +159,6 @@ class TeCudnn(Contender):
 
     def prepare(self, case: Case, inputs: Inputs) -> Run:
         ctx = autotuning_context() if self.autotune else None
-        if self.autotune and ctx is None:
-            raise RuntimeError("autotuning not available")
         run = TeCudnnRun(case, inputs, self.backend, self.fp8, ctx)
         run.info["backend"] = self.backend or "auto"
         return run

@@ -8,6 +8,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+import torch._functorch.config as functorch_config
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch 2.4: FlexAttention declines every case
+    create_block_mask = flex_attention = None
 
 from .cases import Case
 from .contender import Contender, Run
@@ -17,8 +24,6 @@ __all__ = ["TorchSdpa", "SdpaRun", "FlexAttention", "FlexRun", "FLEX_DEFAULT_CAS
 
 
 def _sdpa_backends() -> dict[str, Any]:
-    from torch.nn.attention import SDPBackend  # noqa: PLC0415
-
     return {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
 
@@ -63,8 +68,6 @@ class _AutogradRun(Run):
 class SdpaRun(_AutogradRun):
     def __init__(self, case: Case, inp: Inputs, backend_name: str):
         super().__init__()
-        from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
-
         backend = _sdpa_backends()[backend_name]
         self.ctx = lambda: sdpa_kernel(backend)
         self.training = case.training
@@ -123,10 +126,6 @@ def _no_buffer_donation() -> None:
     patch around the first call alone did not help (the backward still saw donated buffers);
     the benchmark is a process of its own, and this only costs the compiled backward the memory
     donation would have saved."""
-    try:
-        import torch._functorch.config as functorch_config  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - a torch without AOTAutograd's config
-        return
     if getattr(functorch_config, "donated_buffer", False):
         functorch_config.donated_buffer = False
 
@@ -134,12 +133,9 @@ def _no_buffer_donation() -> None:
 class FlexRun(_AutogradRun):
     def __init__(self, case: Case, inp: Inputs):
         super().__init__()
-        import torch._dynamo  # noqa: PLC0415
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
-
         # a fresh compile per case: dynamo's recompile limit would otherwise send later cases
         # to flex_attention's eager path, which materializes the whole score matrix
-        torch._dynamo.reset()
+        torch.compiler.reset()
         _no_buffer_donation()
         self.compiled = torch.compile(flex_attention)
         self.training, self.gqa, self.thd = case.training, case.gqa, case.is_thd
@@ -192,7 +188,7 @@ class FlexRun(_AutogradRun):
         return out[0].permute(1, 0, 2) if self.thd else out.permute(0, 2, 1, 3)
 
 
-#: the cases FlexAttention runs by default (compiling costs 20-40 s per shape; --every-case for every case)
+#: the cases FlexAttention runs by default (every shape is compiled anew; --every-case for every case)
 FLEX_DEFAULT_CASES = frozenset({"test_3", "llama_h32_s8k", "llama_h32_s32k", "thd_mixed_16k", "decode_kv8k"})
 
 
@@ -203,6 +199,8 @@ class FlexAttention(Contender):
     subset_why = "compiling costs 20-40 s per shape"
 
     def supports(self, case: Case) -> Optional[str]:
+        if flex_attention is None:  # pragma: no cover - torch 2.4
+            return f"torch {torch.__version__} has no FlexAttention (torch >= 2.5)"
         if case.is_padded:
             return "padded batches are left to te_cudnn (FlexAttention runs the packed THD case)"
         if case.mask not in ("no_mask", "causal", "padding", "padding_causal"):

@@ -11,6 +11,11 @@ from typing import Any
 
 import torch
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10: configuration files are JSON only
+    tomllib = None
+
 from ..enums import AttnMaskType, QKVLayout
 from ..layouts import layout_info
 from ..ops import fused_attn_bwd, fused_attn_fwd
@@ -74,10 +79,8 @@ def _load_configs(name: str) -> list[Any]:
         raise CliError(f"cannot read {name}: not text ({exc})", EXIT_USAGE) from None
     try:
         if name.endswith(".toml"):
-            try:
-                import tomllib  # noqa: PLC0415 - Python 3.11+
-            except ImportError:
-                raise CliError(f"cannot read {name}: TOML needs Python 3.11 or later; use JSON", EXIT_USAGE) from None
+            if tomllib is None:
+                raise CliError(f"cannot read {name}: TOML needs Python 3.11 or later; use JSON", EXIT_USAGE)
             data = tomllib.loads(text).get("config", [])
         else:
             data = json.loads(text)

@@ -32,6 +32,7 @@ import warnings
 from typing import Any, Callable, Optional
 
 from ..benchmark.cli import register as register_bench
+from ..demo import main as demo
 from ..errors import UnsupportedConfigError
 from ..plans.store import SUFFIX
 from ..runtime import format_versions
@@ -231,10 +232,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 def demo_main(argv: Optional[list[str]] = None) -> int:
     """``te-cudnn-demo``: :func:`te_cudnn.demo.main`, quiet when its output is cut short (``| head``)."""
 
-    def run() -> int:
-        from ..demo import main as demo  # noqa: PLC0415 - imports torch and the frontend
-
-        return demo(argv)
-
-    return quiet_broken_pipe(run)
+    return quiet_broken_pipe(lambda: demo(argv))
 

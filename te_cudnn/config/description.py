@@ -103,8 +103,8 @@ class AttnConfig:
     def dsink_in_graph(self) -> bool:
         """cuDNN's backward graph computes d_softmax_offset (``dSink_token``) itself. Only for THD
         and FP8: for dense F16 tensors te_cudnn computes it after the graph (te_cudnn.sink_grad:
-        cuDNN 9.19's dSink made the gpt-oss backward 1.4-2.2x slower and was not bit-reproducible
-        under ``deterministic=True``; measured on H100)."""
+        cuDNN 9.19's in-graph dSink slows the backward and is not bit-reproducible under
+        ``deterministic=True``)."""
         return self.has_dsink and (self.ragged_q or self.dtype in FP8_DTYPES)
 
     @property

@@ -26,9 +26,13 @@ from typing import Any, Optional
 import torch
 
 from ..errors import MisalignedError, UnsupportedConfigError
-from ..lean import LeanDoor, wants_grad
+from ..autograd import lean_attention
+from ..lean import LeanDoor, as_is, wants_grad
+from ..torch_ops import use_custom_ops
 from ..sdpa import (
     _attention_bshd,
+    _options,
+    _transposed,
     _lean_sig,
     _bshd,
     _capturing,
@@ -179,15 +183,21 @@ def attention_forward(
         window = (sliding_window - 1, 0)  # transformers: key j is seen from query i when i - window < j <= i
     s_aux = kwargs.get("s_aux")
     training = getattr(module, "training", True)
-    sig = None
+    sig = recorded = None
     if attention_mask is None and position_bias is None and s_aux is None and not (training and dropout) \
             and not _compiling():  # fmt: skip
         try:
             if not wants_grad(query, key, value):
-                sig = _lean_sig(query, key, value, is_causal, scaling, window)
+                sig = _lean_sig(query, key, value, is_causal, scaling, window, False)
                 entry = _LEAN.find(sig)
                 if entry is not None:
                     return LeanDoor.run(entry, query, key, value), None
+            elif not use_custom_ops():
+                sig = _lean_sig(query, key, value, is_causal, scaling, window, True)
+                entry = _LEAN.find(sig)
+                if entry is not None:
+                    return lean_attention(entry, query, key, value), None
+                recorded = True
         except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
             sig = None
     _check_qkv(query, key, value, True)
@@ -223,7 +233,8 @@ def attention_forward(
         return out[:, :1], None
     if sig is not None and q.data_ptr() == query.data_ptr() and k.data_ptr() == key.data_ptr() \
             and v.data_ptr() == value.data_ptr():  # read in place (no copies): later calls can go straight  # fmt: skip
-        _LEAN.learn(sig, prepared, out)
+        _LEAN.learn(sig, prepared, out, recorded and (_options(is_causal, scale, 0.0, False, window, "vanilla"),
+                                                      (sq, skv), _transposed, as_is))
     return out, None
 
 

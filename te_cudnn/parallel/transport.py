@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generator, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all"]
 
@@ -46,8 +47,6 @@ RankProgram = Generator[Any, Any, Any]
 
 def group_info(group: Any) -> tuple[int, int]:
     """(size, rank) of a torch.distributed process group."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("cp_group needs an initialised torch.distributed process group "
                            "(torch.distributed.init_process_group('nccl'))")  # fmt: skip
@@ -56,8 +55,6 @@ def group_info(group: Any) -> tuple[int, int]:
 
 def run_on_group(program: RankProgram, group: Any) -> Any:
     """Run one rank's program over ``group``; returns what the program returns."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     size, rank = group_info(group)
     nxt = dist.get_global_rank(group, (rank + 1) % size)
     prev = dist.get_global_rank(group, (rank - 1) % size)
@@ -126,8 +123,6 @@ def run_loopback(program: RankProgram) -> Any:
 def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
     """``x`` is ``[cp, ...]``: slice ``i`` goes to rank ``i``; returns ``[cp, ...]`` whose slice
     ``i`` came from rank ``i``."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     x = x.contiguous()
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=group)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .partition import shard, unshard
 
@@ -41,8 +42,6 @@ class SumGradOverGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        import torch.distributed as dist  # noqa: PLC0415
-
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from ..errors import GraphBuildError
 from ..runtime import cudnn_module
 from .compiled import CompiledPlan
@@ -62,19 +64,16 @@ def run_apart(build: Callable[..., Any], key: PlanKey, *args: Any) -> Any:
     stack, te_cudnn's frames and the user's, with their locals (the call's results, a training
     step's activations) until the next full garbage collection: one extra set of results on a
     long-sequence first call. Built in a thread of its own, the planner's frames
-    reach only that thread's stack. Costs a thread start per build (tens of microseconds against
-    builds of 50 ms and more); the cached path never comes here."""
+    reach only that thread's stack. Costs a thread start per build, little against the build
+    itself; the cached path never comes here."""
     box: dict[str, Any] = {}
     context = contextvars.copy_context()  # autotuning() and backend_policy() are context variables
     device = getattr(getattr(key, "config", None), "device", None)
 
     def work() -> None:
         try:
-            if isinstance(device, int) and device >= 0:
-                import torch  # noqa: PLC0415 - the planner's device, as in the caller (a no-op without CUDA)
-
-                if torch.cuda.is_initialized():
-                    torch.cuda.set_device(device)
+            if isinstance(device, int) and device >= 0 and torch.cuda.is_initialized():
+                torch.cuda.set_device(device)  # the planner's device, as in the caller
             box["plan"] = context.run(build, key, *args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
             box["error"] = exc

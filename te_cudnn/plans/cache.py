@@ -23,6 +23,7 @@ replacing ``te_cudnn.plans.cache.build_plan`` or ``.store_for`` (as tests do) ta
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import threading
@@ -323,8 +324,6 @@ class PlanCache:
 
     def dump(self, path: str) -> None:
         """Write the statistics and every plan's description as JSON (``te-cudnn plans list --dump``)."""
-        import json  # noqa: PLC0415
-
         payload = {"pid": os.getpid(), "time": time.time(), "stats": self.stats().as_dict(), "plans": self.snapshot()}
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "w") as f:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .execute import PlanLauncher
 from .key import PlanKey
 
 __all__ = ["CompiledPlan"]
@@ -38,8 +39,6 @@ class CompiledPlan:
 
     def __post_init__(self) -> None:
         if self.launch is None:
-            from .execute import PlanLauncher
-
             self.launch = PlanLauncher(self.graph, self.uids)
 
     def info(self) -> dict[str, Any]:

@@ -5,24 +5,62 @@ path) re-derives, on every call, facts that never change for a built plan: which
 selected, the backend plan index, the binding schema, each operand's geometry.
 :class:`PlanLauncher` derives them once and then calls the native entry points the frontend
 itself calls: the pointer-array execute its own uid-map path ends in, or the ordered reader.
-These are internals of cudnn-frontend 1.32, so the launcher checks they exist when the plan is
-built and otherwise, or when ``TE_CUDNN_PUBLIC_EXECUTE=1``, uses the public ``graph.execute``.
+These are internals of cudnn-frontend 1.32 (:data:`PRIVATE_FRONTEND_NAMES`), so the launcher
+checks they exist when the plan is built and otherwise (warned once), or when
+``TE_CUDNN_PUBLIC_EXECUTE=1``, uses the public ``graph.execute``.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from array import array
 from operator import itemgetter
 from typing import Any, Optional, Sequence
 
 import torch
 
+from ..runtime import cudnn_module, frontend_version
+
 _data_ptr = torch.Tensor.data_ptr
 
-__all__ = ["PlanLauncher"]
+__all__ = ["PRIVATE_FRONTEND_NAMES", "PlanLauncher", "missing_internals"]
 
 _FORCE_PUBLIC = os.environ.get("TE_CUDNN_PUBLIC_EXECUTE", "0") == "1"
+
+#: Every cudnn-frontend internal the direct launch uses, by where it lives in the ``cudnn``
+#: package: the graph (``cudnn.pygraph``: methods, and attributes its ``__init__`` sets) and the
+#: backend graph a built graph lowers to (``graph._lowered_graph``). A CPU test holds the
+#: installed frontend to this list.
+PRIVATE_FRONTEND_NAMES: dict[str, tuple[str, ...]] = {
+    "pygraph": ("_prepare_ordered_binding_schema", "_materialize_backend_plan", "_finish_ordered", "_variant_pack_uids",
+                "_plans", "_plan_index", "_lowered_graph", "_data_bindings"),
+    "_pybind_module.backend_graph": ("_execute_ordered", "_execute_ordered_pack", "_execute_with_raw_ptrs"),
+}
+
+_warned_missing = False  # the fallback to the public execute is reported once per process
+
+
+def missing_internals(graph: Any) -> list[str]:
+    """The names of :data:`PRIVATE_FRONTEND_NAMES` that ``graph`` (a ``cudnn.pygraph``) or the
+    backend graph it lowered to lacks (a graph not lowered yet has no backend graph to ask)."""
+    missing = [n for n in PRIVATE_FRONTEND_NAMES["pygraph"] if not hasattr(graph, n)]
+    lowered = getattr(graph, "_lowered_graph", None)
+    if lowered is not None:
+        missing += [n for n in PRIVATE_FRONTEND_NAMES["_pybind_module.backend_graph"] if not hasattr(lowered, n)]
+    return missing
+
+
+def _warn_public_fallback(graph: Any, missing: list[str]) -> None:
+    """Once per process: a frontend graph lacks internals the direct launch uses (stand-ins in
+    tests are not frontend graphs and take the public path silently)."""
+    global _warned_missing
+    if _warned_missing or not isinstance(graph, getattr(cudnn_module(), "pygraph", ())):
+        return
+    _warned_missing = True
+    warnings.warn(f"te_cudnn: cudnn-frontend {frontend_version()} has no {', '.join(missing)}, internals of its graph "
+                  "that te_cudnn's direct launch uses (written against frontend 1.32); plans launch through the "
+                  "public graph.execute, at more host time per call", stacklevel=3)  # fmt: skip
 
 
 class PlanLauncher:
@@ -59,12 +97,19 @@ class PlanLauncher:
         try:
             if graph.selected_engine is not None:  # a python (FROST) engine: keep the public path
                 return
+        except Exception:  # noqa: BLE001 - not a frontend graph: the public path is always right
+            return
+        missing = missing_internals(graph)
+        if missing:  # another frontend version: the public path is always right
+            _warn_public_fallback(graph, missing)
+            return
+        try:
             cfg = graph._materialize_backend_plan(graph._plan_index) if graph._plans else None
             cpp_index = None if cfg is None else cfg.cpp_index
             schema = graph._prepare_ordered_binding_schema()
             lowered = graph._lowered_graph
             needed = (lowered._execute_ordered, lowered._execute_ordered_pack, graph._finish_ordered, graph._data_bindings)
-        except Exception:  # another frontend version: the public path is always right
+        except Exception:  # a graph the internals cannot launch: the public path is always right
             return
         if schema is None or any(n is None for n in needed):
             return

@@ -27,7 +27,7 @@ class PlanKey:
     frontend_version: str
 
     def __post_init__(self) -> None:
-        # Hashing ~30 nested fields costs microseconds; the hot path hashes a key per call.
+        # Hashed once: a key has ~30 nested fields, and the hot path hashes a key per call.
         object.__setattr__(self, "_hash", hash((self.backend, self.direction, self.config, self.cudnn_version, self.frontend_version)))
 
     def __hash__(self) -> int:

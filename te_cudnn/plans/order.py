@@ -4,10 +4,8 @@ Every timing loop in te_cudnn that compares contenders (the autotuner's engine c
 FP8 backward's splits, the benchmark's contenders) takes samples in rounds, one sample of each
 contender per round, so that a drift of the GPU's clocks hits every contender alike. The order
 *within* a round matters too: a sample's time depends on what the GPU ran just before it (a
-cuDNN engine timed right after a slower, cooler kernel runs faster than after a fast one;
-``tools/probe_order_effect.py`` times the benchmark with its rounds' order rotated, reversed or
-shuffled). A fixed order, or one
-rotated by one each round, keeps every contender's predecessor the same in all but one position
+cuDNN engine timed right after a slower, cooler kernel runs faster than after a fast one). A
+fixed order, or one rotated by one each round, keeps every contender's predecessor the same in all but one position
 of the cycle, so that bias goes into the medians. :func:`round_order` draws a fresh permutation
 each round from a seeded generator: every contender meets every neighbour, and a run's orders
 replay exactly.

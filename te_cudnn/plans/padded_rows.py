@@ -43,6 +43,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import torch
+
 from ..backends import BY_ENUM, Direction, SubBackend, Uid
 from ..config import AttnConfig
 from .cache import store_for
@@ -135,8 +137,6 @@ def _starts(lens: Sequence[int], capacity: int) -> tuple[int, ...]:
 
 def _bind(remap: Lengths, lens_q: Sequence[int], lens_kv: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The lengths calls bind for these caller's lengths (te_cudnn.ragged's own functions)."""
-    import torch  # noqa: PLC0415
-
     b = len(lens_q)
     lq = torch.tensor(list(lens_q), dtype=torch.int32)
     lkv = torch.tensor(list(lens_kv), dtype=torch.int32)
@@ -187,8 +187,6 @@ def _fill(view: Any, mask: Any, value: float) -> None:
     """``view[mask] = value`` (0 or NaN; ``mask`` None: every row), written through to the
     buffer; FP8 through its bytes."""
     if _is_fp8(view):
-        import torch  # noqa: PLC0415
-
         view, value = view.view(torch.uint8), (_FP8_NAN if math.isnan(value) else 0)
     if mask is None:
         view.fill_(value)
@@ -204,8 +202,6 @@ def _comparable(view: Any) -> Any:
 def _select(view: Any, mask: Any) -> Any:
     """A copy of the rows ``view[mask]`` (FP8 through its bytes)."""
     if _is_fp8(view):
-        import torch  # noqa: PLC0415
-
         return view.view(torch.uint8)[mask].view(view.dtype)
     return view[mask]
 
@@ -244,8 +240,6 @@ def result_rows(graph: Any, ops: dict[int, Any], cfg: AttnConfig, uid: int, lens
                 device: Any) -> ResultRows:  # fmt: skip
     """:class:`ResultRows` of output ``uid`` when the sequences have the caller's lengths
     ``lens`` (its side's); THD rows start where the bound ragged offsets in ``ops`` say."""
-    import torch  # noqa: PLC0415
-
     t = graph.find_tensor(uid)
     dims, strides = [int(x) for x in t.dim], [int(x) for x in t.stride]
     if t.ragged_offset is None:
@@ -311,8 +305,6 @@ class ResultCheck:
     def problems(self) -> Optional[str]:
         """Why the promised results break the promise (None: every padded row is exactly zero
         and every valid row finite)."""
-        import torch  # noqa: PLC0415
-
         found = []
         for uid in self.promised:
             r = self.rows[uid]
@@ -402,8 +394,6 @@ def probe(plan: Any, cfg: Optional[AttnConfig] = None, backend: Optional[SubBack
     record (:func:`make_record`). Needs the plan's device; raises what the launch raises.
     ``cfg`` / ``backend``: the call's description and sub-backend (default: the plan key's),
     which decide the lengths bound."""
-    import torch  # noqa: PLC0415
-
     key = plan.key
     kcfg = key.config
     direction = key.direction if direction is None else Direction(direction)
@@ -464,8 +454,6 @@ def _capturing(device: int) -> bool:
     """Whether the current stream of ``device`` is capturing a CUDA graph (True where that
     cannot be told: nothing is launched then)."""
     try:
-        import torch  # noqa: PLC0415
-
         with torch.cuda.device(device):
             return bool(torch.cuda.is_current_stream_capturing())
     except Exception:  # noqa: BLE001
@@ -491,8 +479,6 @@ def _stored(plan: Any, direction: Direction) -> Optional[dict[str, Any]]:
     if device < 0:
         return None
     try:
-        from ..runtime import current_env  # noqa: PLC0415
-
         env = current_env(device)
         store = _store(device)
         if store is None:

@@ -11,13 +11,15 @@ import time
 import warnings
 from typing import Any, Optional
 
+import torch
+
 from .._version import __version__
 from ..backends import BY_ENUM
 from ..runtime import cudnn_module, current_env, frontend_version
 from . import handles
 from .compiled import CompiledPlan
 from .key import PlanKey
-from .store import PLAN_FORMAT_VERSION, UntrustedStoreError
+from .store import PLAN_FORMAT_VERSION, UntrustedStoreError, default_store
 from .tuner import _tuner
 
 __all__ = ["forget_stores", "store_for"]
@@ -25,8 +27,6 @@ __all__ = ["forget_stores", "store_for"]
 
 def _machine_facts(device: int) -> dict[str, Any]:
     """Everything a serialized plan depends on besides its key (the store's fingerprint)."""
-    import torch  # noqa: PLC0415
-
     env = current_env(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else None
     return {"gpu": env.device_name, "sm": env.sm, "sm_count": sms, "cudnn": env.cudnn_version,
@@ -55,8 +55,6 @@ def store_for(device: int):
         if device in _stores:
             return _stores[device]
         try:
-            from .store import default_store  # noqa: PLC0415
-
             store = default_store(_machine_facts(device))
             if store is not None:  # one object per (root, fingerprint)
                 same = (s for s in _stores.values() if s is not None and (s.root, s.fingerprint) == (store.root, store.fingerprint))
