@@ -104,7 +104,7 @@ class LeanDoor:
             template: Any = kept(lambda: _empty_like(out.detach()), out.device)
         else:
             template = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device)
-        self.memo.remember(sig, (prep, template) if training is None else LeanTraining(prep, template, *training))
+        self.memo.remember(sig, LeanTraining(prep, template, *training) if training else (prep, template))
 
     @staticmethod
     def run(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

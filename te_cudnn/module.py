@@ -326,7 +326,7 @@ class DotProductAttention(torch.nn.Module):
                             max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size, core_attention_bias_type,
                             core_attention_bias, cu_seqlens_q_padded, cu_seqlens_kv_padded, fp8_meta, prepared)  # fmt: skip
         if sig is not None:
-            _LEAN.learn(sig, prepared, out, sig[-1] and self._recorded(prepared, out))
+            _LEAN.learn(sig, prepared, out, self._recorded(prepared, out) if sig[-1] else None)
         return out
 
     def _recorded(self, prepared: list, out: torch.Tensor) -> Optional[tuple]:
