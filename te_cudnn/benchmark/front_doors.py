@@ -32,10 +32,11 @@ from ..autograd import fused_attention
 from ..integrations import transformers as te_hf
 from ..module import DotProductAttention
 from ..ops import fused_attn_fwd
-from ..runtime import cudnn_module
+from ..runtime import cudnn_module, cudnn_version_string, current_env
 from ..sdpa import scaled_dot_product_attention
 from ..timing import event_ms, host_medians
 from .chart import pyplot
+from .environment import environment
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -226,12 +227,12 @@ def _markdown(res: dict[str, Any]) -> str:
 def _chart(res: dict[str, Any], path: Path) -> None:
     plt = pyplot()  # ImportError without matplotlib
     host = res.get("host", {})
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(host) + 1.2))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(host) + 1.5))
     names = list(host)
     ax.barh(names, [host[n] for n in names], color=["#76b900" if n.startswith("te_cudnn") else "#888888" for n in names])
     ax.invert_yaxis()
     ax.set_xlabel("host µs per cached forward (lower is better)")
-    ax.set_title(f"Front doors, {res['device']}")
+    ax.set_title(f"Front doors\n{res['device']}", fontsize=10)
     for i, n in enumerate(names):
         ax.text(host[n], i, f" {host[n]:.1f}", va="center")
     fig.tight_layout()
@@ -239,9 +240,15 @@ def _chart(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _device() -> str:
+    """``NVIDIA H200 (driver 580.159.04), cuDNN 9.19.0, torch 2.11.0+cu130``."""
+    env = environment()
+    return (f"{torch.cuda.get_device_properties(0).name} (driver {env['driver']}), cuDNN "
+            f"{cudnn_version_string(current_env(0).cudnn_version)}, torch {torch.__version__}")
+
+
 def run(out: Path, hf: bool = True) -> dict[str, Any]:
-    props = torch.cuda.get_device_properties(0)
-    res: dict[str, Any] = {"device": f"{props.name}, cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}"}
+    res: dict[str, Any] = {"device": _device()}
     res["host"] = host_doors()
     print("host µs:", json.dumps({k: round(v, 1) for k, v in res["host"].items()}), flush=True)
     res["fwd_bwd"] = dropin_fwd_bwd()
