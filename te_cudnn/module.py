@@ -220,7 +220,7 @@ class DotProductAttention(torch.nn.Module):
         a group of one rank turns context parallelism off. Inputs are then each rank's share of
         the sequence (:func:`te_cudnn.parallel.shard`); see
         :func:`te_cudnn.parallel.context_parallel_attention` for what each ``cp_comm_type`` serves."""
-        self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a"))
+        self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a", "all_gather"))
         self.cp_group = None
         if cp_group is not None:
             if dist.is_available() and dist.is_initialized() and dist.get_world_size(cp_group) > 1:

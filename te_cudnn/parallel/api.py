@@ -14,15 +14,19 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..autograd import AttnOptions, _readable_grad, attend, attend_fp8
+from ..config.checks import check_softmax_offset
+from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
+from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
 from .ring import DenseTiles, RingSpec, ThdTiles, backward_program, draw_rng_states, forward_program
-from .transport import AllToAll, group_info, run_loopback, run_on_group, run_simulated
+from .transport import (AllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
+                        reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
 
 __all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
            "ring_rank_alone"]
 
-_COMM_TYPES = ("p2p", "a2a")
+_COMM_TYPES = ("p2p", "a2a", "all_gather")
 _DENSE_MASKS = ("no_mask", "causal")
 _THD_MASKS = {"padding": "padding", "padding_causal": "padding_causal", "no_mask": "padding", "causal": "padding_causal"}
 
@@ -95,6 +99,8 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
             why.append(f"causal attention needs as many queries as keys per rank, got {q.shape[seq]} and {k.shape[seq]}")
     if o.comm == "p2p":
         why += _p2p_reasons(o)
+    elif o.comm == "all_gather":
+        why += _all_gather_reasons(o, q.shape[seq], k.shape[seq])
     elif q.shape[-2] % cp or k.shape[-2] % cp:
         why.append(f"a2a splits heads over the ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by "
                    f"cp={cp} (use cp_comm_type='p2p')")  # fmt: skip
@@ -111,6 +117,33 @@ def _p2p_reasons(o: CpOptions) -> list[str]:
         why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) is not supported (use cp_comm_type='a2a')")
     if o.fp8:
         why.append("p2p: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+    return why
+
+
+def _all_gather_reasons(o: CpOptions, s_q: int, s_kv: int) -> list[str]:
+    why = []
+    if o.fmt == "thd":
+        why.append("all_gather: qkv_format='thd' is not supported (it needs per-sequence visible key lengths over "
+                   "the gathered, reordered THD keys and a THD stand-in kernel to check it on CPU; use "
+                   "cp_comm_type='p2p' for padding/padding_causal, or 'a2a' for THD with windows or sinks)")  # fmt: skip
+    if o.bias_type != "no_bias":
+        why.append(f"all_gather: attn_bias_type={o.bias_type!r} is not sliced per chunk (use cp_comm_type='a2a')")
+    if o.fp8:
+        why.append("all_gather: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+    windowed = o.window[0] >= 0 or (o.window[1] >= 0 and not o.causal)
+    if o.causal and o.window[1] not in (-1, 0):
+        why.append(f"all_gather: window_size={o.window} has right={o.window[1]} but a causal mask allows no keys "
+                   f"right of the diagonal (use right=0 or -1)")  # fmt: skip
+    if windowed and s_q != s_kv:
+        why.append(f"all_gather: a sliding window needs as many queries as keys per rank, got {s_q} and {s_kv}")
+    if o.dropout and (o.causal or windowed):
+        why.append(f"all_gather: dropout={o.dropout} with a causal mask or sliding window: each chunk's call is "
+                   f"bottom-right aligned with fewer queries than keys, and cuDNN takes no dropout there (use "
+                   f"cp_comm_type='p2p' for causal attention with dropout)")  # fmt: skip
+    if (o.causal or windowed) and s_q == 2:
+        why.append("all_gather: one token per chunk (2 per rank) with a causal mask or sliding window: a chunk's "
+                   "call would have one query row, for which cuDNN has no sink and no sq = skv = 1 backward (use "
+                   "at least 2 tokens per chunk)")  # fmt: skip
     return why
 
 
@@ -195,6 +228,27 @@ class _Call:
 
         return a2a_attention(attn, self.ranks, qs, ks, vs, cp, o.fmt, (pad_q, pad_kv), exchange)
 
+    def all_gather(self, qs, ks, vs, gather, reduce_scatter, softmax_offset, shared) -> list[torch.Tensor]:
+        """The all-gather attention of the listed ranks (checks the sink before any collective)."""
+        o, seq = self.o, 1 if self.o.fmt == "bshd" else 0
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
+                             qs[0].shape[-2], qs[0])  # fmt: skip
+        window = (o.window[0], 0) if o.causal else o.window
+        spec = AgSpec(self.cp, o.fmt, o.causal, window, o.attn_scale, o.dropout, o.deterministic, o.softmax_type)
+        tiles = tuple(plan_tiles(spec, r, q.shape[seq], k.shape[seq]) for r, q, k in zip(self.ranks, qs, ks))
+        rngs = tuple(_ag_rng_states(r, len(t), q.device, self.rng_gen) if o.dropout else None
+                     for r, t, q in zip(self.ranks, tiles, qs))  # fmt: skip
+        job = AgJob(spec, self.ranks, tiles, rngs, gather, reduce_scatter)
+        return list(AllGatherAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
+
+
+def _ag_rng_states(rank: int, tiles: int, device: torch.device, gen: Optional[torch.Generator]) -> torch.Tensor:
+    """[tiles, 2] int64 Philox (seed, offset) per call, drawn on the device; the rank is added to
+    the seeds so ranks with equal generators draw independent masks (as the ring does)."""
+    states = torch.randint(0, 1 << 62, (tiles, 2), dtype=torch.int64, device=device, generator=gen)
+    states[:, 0] += rank
+    return states
+
 
 def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple) -> None:
     why = cp_decline_reasons(opts, cp, q, k, v)
@@ -273,6 +327,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return SumGradOverGroup.apply(t, cp_group) if t is not None and t.requires_grad else t
 
+    if call.o.comm == "all_gather":
+        return call.all_gather([q], [k], [v], lambda xs: [all_gather_flat(xs[0], cp_group)],
+                               lambda xs: [reduce_scatter_flat(xs[0], cp_group)], offset, shared)[0]  # fmt: skip
+
     def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [AllToAll.apply(sends[0], cp_group)]
 
@@ -296,6 +354,8 @@ def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence
     qs, ks, vs = list(q_parts), list(k_parts), list(v_parts)
     if call.o.comm == "p2p":
         return call.ring(qs, ks, vs, run_simulated)
+    if call.o.comm == "all_gather":
+        return call.all_gather(qs, ks, vs, all_gather_simulated, reduce_scatter_simulated, offset, lambda t: t)
     return call.ulysses(qs, ks, vs, simulated_exchange, lambda t: t, bias, offset, fp8_meta)
 
 

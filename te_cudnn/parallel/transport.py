@@ -14,6 +14,9 @@ from the other) and :class:`Wait` (the received tensors are needed now). A drive
   NCCL, testable on one GPU.
 
 All-to-all (Ulysses) goes through :class:`AllToAll`, a differentiable ``all_to_all_single``.
+All-gather context parallelism uses two plain collectives on flat buffers,
+:func:`all_gather_flat` and :func:`reduce_scatter_flat`, and their single-process stand-ins
+:func:`all_gather_simulated` and :func:`reduce_scatter_simulated`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any, Generator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all"]
+__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all",
+           "all_gather_flat", "reduce_scatter_flat", "all_gather_simulated", "reduce_scatter_simulated"]
 
 
 @dataclass
@@ -140,3 +144,42 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], None]:
         return all_to_all(grad, ctx.group), None
+
+
+def all_gather_flat(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` ``[n]`` on every rank -> ``[cp, n]`` whose row ``i`` came from rank ``i``
+    (``all_gather_into_tensor`` on NCCL; a list all-gather on other backends, e.g. gloo)."""
+    cp, _ = group_info(group)
+    x = x.contiguous()
+    out = x.new_empty((cp, *x.shape))
+    if dist.get_backend(group) == "nccl":
+        dist.all_gather_into_tensor(out, x, group=group)
+    else:
+        dist.all_gather(list(out.unbind(0)), x, group=group)
+    return out
+
+
+def reduce_scatter_flat(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` ``[cp, n]`` on every rank (row ``i`` is meant for rank ``i``) -> ``[n]``: the sum over
+    ranks of the rows meant for this one (``reduce_scatter_tensor`` on NCCL; an all-reduce and
+    this rank's row on backends without reduce-scatter, e.g. gloo)."""
+    _, rank = group_info(group)
+    x = x.contiguous()
+    if dist.get_backend(group) == "nccl":
+        out = x.new_empty(x.shape[1:])
+        dist.reduce_scatter_tensor(out, x, group=group)
+        return out
+    total = x.clone()
+    dist.all_reduce(total, group=group)
+    return total[rank]
+
+
+def all_gather_simulated(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`all_gather_flat` among the virtual ranks ``0 .. cp-1`` of one process."""
+    gathered = torch.stack(list(xs))
+    return [gathered] * len(xs)
+
+
+def reduce_scatter_simulated(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`reduce_scatter_flat` among the virtual ranks ``0 .. cp-1`` of one process."""
+    return list(torch.stack(list(xs)).sum(0).unbind(0))
