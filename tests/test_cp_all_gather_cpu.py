@@ -277,3 +277,63 @@ def test_module_accepts_all_gather_without_a_group():
     assert module.cp_group is None and module.cp_comm_type == "all_gather"
     module.set_context_parallel_group(None, cp_comm_type="all_gather")
     assert module.cp_comm_type == "all_gather"
+
+
+def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, report: str) -> None:
+    """One rank of a CPU process group (gloo): the real collectives (all-gather, reduce-scatter,
+    the sink gradient's all-reduce) of context_parallel_attention, with the stand-in kernels."""
+    import os
+
+    import torch.distributed as dist
+
+    from te_cudnn import DotProductAttention
+    from te_cudnn.parallel import context_parallel_attention
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ag_mod.fused_attn_fwd, ag_mod.fused_attn_bwd = _math_fwd, _math_bwd
+    q, k, v, d_out = _case(world, fmt, HEADS["gqa"], s_chunk=3, seed=5)
+    offset = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, dist.group.WORLD, "all_gather", qkv_format=fmt, attn_mask_type=mask,
+                                     window_size=window, softmax_type="learnable", softmax_offset=offset)  # fmt: skip
+    out.backward(shard(d_out, world, rank, fmt))
+    module = DotProductAttention(4, (16, 8), num_gqa_groups=2, qkv_format=fmt, attn_mask_type=mask, window_size=window,
+                                 cp_group=dist.group.WORLD, cp_comm_type="all_gather")  # fmt: skip
+    plain = context_parallel_attention(*(x.detach() for x in local), dist.group.WORLD, "all_gather", qkv_format=fmt,
+                                       attn_mask_type=mask, window_size=window)  # fmt: skip
+    assert torch.equal(module(*(x.detach() for x in local)), plain.flatten(-2)), "the module runs the same attention"
+    gathered = []
+    for t in (out.detach(), *(x.grad for x in local)):
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t.contiguous())
+        gathered.append(unshard(parts, fmt))
+    if rank == 0:
+        full_window = (-1, 0 if mask == "causal" else -1) if window is None else window
+        ref, d_offset = _reference(q, k, v, d_out, mask, fmt, full_window, "learnable", offset)
+        errs = [((x.double() - y).abs().max() / y.abs().max()).item() for x, y in zip(gathered, ref)]
+        errs.append(((offset.grad.double() - d_offset).abs().max() / d_offset.abs().max()).item())
+        with open(report, "w") as f:
+            f.write(" ".join(f"{e:.6f}" for e in errs))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fmt,mask,window,world", [("bshd", "causal", None, 2), ("sbhd", "no_mask", (4, 1), 3),
+                                                   ("bshd", "causal", (5, 0), 4)])  # fmt: skip
+@pytest.mark.slow
+def test_over_a_real_process_group_on_cpu(tmp_path, fmt, mask, window, world):
+    """all_gather over torch.distributed (gloo on CPU processes): the collectives between real
+    ranks, autograd, the learnable sink's gradient summed over the group, the module."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    report = tmp_path / "errors.txt"
+    mp.spawn(_gloo_worker, args=(world, port, fmt, mask, window, str(report)), nprocs=world, join=True)
+    errs = [float(x) for x in report.read_text().split()]
+    assert len(errs) == 5 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv", "d_sink"), errs))
