@@ -2,8 +2,9 @@
 
 Every rank builds the same seeded global batch (b=2, S=4096; THD: 4 sequences of random
 lengths up to 4096, one empty), runs te_cudnn on the whole sequence (the single-GPU result)
-and the fp32 reference, then its own shard through ``context_parallel_attention`` (p2p and
-a2a; MHA and GQA; causal, no_mask, THD padding_causal/padding), gathers the shards and checks:
+and the fp32 reference, then its own shard through ``context_parallel_attention`` (p2p, a2a
+and all_gather; MHA and GQA; causal, no_mask, THD padding_causal/padding for p2p and a2a,
+sliding windows for all_gather), gathers the shards and checks:
 no NaN, padded rows zero, error against the reference at most 1.2x the single-GPU error.
 Deterministic mode must repeat bit for bit. Run by ``tests/test_cp_multi_gpu.py`` on a machine
 with two GPUs; prints one line per case and exits non-zero on the first failure.
@@ -32,6 +33,10 @@ CASES = [  # (fmt, mask, h, hg, d)
     ("thd", "padding_causal", 32, 4, 128),
     ("thd", "padding", 12, 12, 128),
 ]
+AG_WINDOWS = [  # all_gather's sliding windows: (fmt, mask, h, hg, d, window)
+    ("bshd", "causal", 32, 4, 128, (512, 0)),
+    ("sbhd", "no_mask", 12, 12, 128, (256, 256)),
+]
 
 
 def _gather(x: torch.Tensor, cp: int, fmt: str, pad) -> torch.Tensor:
@@ -54,12 +59,12 @@ def _check_module(cp: int, rank: int, seq: int) -> None:
     case = make_case("bshd", "causal", cp, 2, seq, 32, 4, 128, 128, seed=9)
     full = DotProductAttention(32, 128, **kwargs)(case.q, case.k, case.v)
     local = [shard(x, cp, rank, "bshd") for x in (case.q, case.k, case.v)]
-    for comm in ("p2p", "a2a"):
+    for comm in ("p2p", "a2a", "all_gather"):
         out = DotProductAttention(32, 128, cp_group=dist.group.WORLD, cp_comm_type=comm, **kwargs)(*local)
         torch.testing.assert_close(out, shard(full, cp, rank, "bshd"), atol=2e-2, rtol=2e-2)
     if rank == 0:
-        print("PASS module: DotProductAttention(cp_group=...) p2p and a2a equal the module on the whole sequence",
-              flush=True)
+        print("PASS module: DotProductAttention(cp_group=...) p2p, a2a and all_gather equal the module on the "
+              "whole sequence", flush=True)  # fmt: skip
 
 
 def main() -> int:
@@ -71,18 +76,22 @@ def main() -> int:
     rank, cp = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     results = []
-    for comm in ("p2p", "a2a"):
-        for i, (fmt, mask, h, hg, d) in enumerate(CASES):
-            case = make_case(fmt, mask, cp, 2 if fmt != "thd" else 4, args.seq, h, hg, d, d, seed=1000 + i)
-            ref = reference(case, torch.float32)
-            errors = check(f"{comm} {fmt} {mask} h{h}/{hg}", run_case(case, comm, cp, rank), single_gpu(case), ref, case)
-            results.append(dict(comm=comm, fmt=fmt, mask=mask, h=h, hg=hg, d=d, cp=cp,
-                                errors={n: {"cp": e, "single_gpu": o} for n, (e, o) in errors.items()}))  # fmt: skip
-            if rank == 0:
-                print(f"PASS {comm} {fmt:4} {mask:14} h={h:2} hg={hg:2}: "
-                      + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()), flush=True)  # fmt: skip
-            del case, ref
-    for comm in ("p2p", "a2a"):
+    runs = [(comm, i, case, None) for comm in ("p2p", "a2a") for i, case in enumerate(CASES)]
+    runs += [("all_gather", i, case, None) for i, case in enumerate(CASES) if case[0] != "thd"]  # THD declines
+    runs += [("all_gather", 100 + i, case[:5], case[5]) for i, case in enumerate(AG_WINDOWS)]
+    for comm, i, (fmt, mask, h, hg, d), window in runs:
+        case = make_case(fmt, mask, cp, 2 if fmt != "thd" else 4, args.seq, h, hg, d, d, seed=1000 + i)
+        extra = {} if window is None else dict(window_size=window)
+        ref = reference(case, torch.float32, window or (-1, -1))
+        label = f"{comm} {fmt} {mask} h{h}/{hg}" + ("" if window is None else f" window {window}")
+        errors = check(label, run_case(case, comm, cp, rank, **extra), single_gpu(case, **extra), ref, case)
+        results.append(dict(comm=comm, fmt=fmt, mask=mask, h=h, hg=hg, d=d, cp=cp, window=window,
+                            errors={n: {"cp": e, "single_gpu": o} for n, (e, o) in errors.items()}))  # fmt: skip
+        if rank == 0:
+            print(f"PASS {comm:10} {fmt:4} {mask:14} h={h:2} hg={hg:2}{'' if window is None else f' window={window}'}: "
+                  + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()), flush=True)  # fmt: skip
+        del case, ref
+    for comm in ("p2p", "a2a", "all_gather"):
         case = make_case("bshd", "causal", cp, 2, args.seq, 32, 4, 128, 128, seed=7)
         first = run_case(case, comm, cp, rank, deterministic=True)
         second = run_case(case, comm, cp, rank, deterministic=True)

@@ -53,7 +53,8 @@ def _sink(softmax_type, offset, h):
 
 
 def _math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_scale, dropout, qkv_layout,
-              attn_mask_type, softmax_type, window_size, bottom_right_diagonal, softmax_offset=None, rng_state=None):  # fmt: skip
+              attn_mask_type, softmax_type, window_size, bottom_right_diagonal, softmax_offset=None,
+              rng_state=None):  # fmt: skip
     """fused_attn_fwd's contract (dense, no dropout) in fp64 on the CPU."""
     assert dropout == 0.0 and cu_q is None and max_q == q.shape[1 if qkv_layout.startswith("bshd") else 0]
     CALLS.append((max_q, max_kv, attn_mask_type, tuple(window_size)))
@@ -252,7 +253,8 @@ def test_declines_thd_and_fp8_naming_the_alternative():
 def test_decline_reasons_empty_when_supported():
     q = _bf16(2, 8, 4, 16)
     for mask, window, dropout, sink in (("causal", None, 0.0, "vanilla"), ("causal", (4, 0), 0.0, "learnable"),
-                                        ("no_mask", (2, 2), 0.0, "off_by_one"), ("no_mask", None, 0.1, "vanilla")):  # fmt: skip
+                                        ("no_mask", (2, 2), 0.0, "off_by_one"),
+                                        ("no_mask", None, 0.1, "vanilla")):  # fmt: skip
         opts = _options("all_gather", "bshd", mask, None, dropout, False, window, None, None, sink, None, True)
         assert cp_decline_reasons(opts, 2, q, q, q) == [], (mask, window, dropout, sink)
 

@@ -104,12 +104,68 @@ def test_ring_dropout_backward_replays_forward_masks():
     assert not torch.equal(other[0], out), "a new generator state draws new masks"
 
 
-@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+@pytest.mark.parametrize("comm", ["p2p", "a2a", "all_gather"])
 def test_deterministic_mode_repeats_bitwise(comm):
     case = make_case("sbhd", "causal", 2, 2, 512, 8, 2, 64, 64, seed=3)
     first = _run(case, 2, comm, deterministic=True)
     second = _run(case, 2, comm, deterministic=True)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+_AG = [(cp, "bshd", "causal", "gqa", None) for cp in (2, 3, 4, 8)] + [
+    (2, "sbhd", "causal", "mha", None), (4, "sbhd", "no_mask", "gqa", None), (2, "bshd", "no_mask", "mla", None),
+    (3, "bshd", "causal", "mla", None), (2, "bshd", "causal", "gqa", (64, 0)), (4, "sbhd", "causal", "mha", (100, 0)),
+    (2, "bshd", "no_mask", "gqa", (64, 64)), (4, "sbhd", "no_mask", "mha", (-1, 32)),
+    (8, "bshd", "causal", "gqa", (48, 0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads,window", _AG, ids=[f"cp{c}-{f}-{m}-{h}-{w}" for c, f, m, h, w in _AG])
+def test_all_gather_dense(cp, fmt, mask, heads, window):
+    """all_gather: each query chunk against the gathered keys it reaches (bottom-right, shifted
+    window), dK/dV reduce-scattered; against the fp64 reference and the single-GPU result."""
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=cp * 10 + len(heads) + 1)
+    extra = {} if window is None else dict(window_size=window)
+    ref = reference(case, window_size=window or (-1, -1))
+    errors = check(f"all_gather cp={cp}", _run(case, cp, "all_gather", **extra), single_gpu(case, **extra), ref, case)
+    print(f"all_gather cp={cp} {fmt} {mask} {heads} {window}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("softmax_type", ["off_by_one", "learnable"])
+@pytest.mark.parametrize("cp,mask,window", [(2, "causal", None), (4, "causal", (64, 0)), (2, "no_mask", None)])
+def test_all_gather_sinks_match_single_gpu(softmax_type, cp, mask, window):
+    """The sink enters each row once (one call per query chunk); the learnable sink's gradient
+    is summed over the chunks and ranks."""
+    h = 8
+    case = make_case("bshd", mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=21 + cp)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "all_gather", **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
+
+
+def test_all_gather_dropout_backward_replays_forward_masks():
+    """no_mask (one call per rank): sum(out * d_out) == sum(v * dv) holds exactly when the
+    backward replays the forward's dropout mask."""
+    cp = 4
+    case = make_case("bshd", "no_mask", cp, 2, 512, 8, 2, 64, 64, seed=6)
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    out, dq, dk, dv = _run(case, cp, "all_gather", dropout=0.2, rng_gen=gen)
+    lhs = (out.double() * case.d_out.double()).sum()
+    rhs = (case.v.double() * dv.double()).sum()
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    assert abs(lhs - rhs) <= 2e-2 * (out.double() * case.d_out.double()).abs().sum(), (lhs.item(), rhs.item())
 
 
 @pytest.mark.fp8
