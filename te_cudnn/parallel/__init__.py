@@ -1,14 +1,14 @@
 """Context parallelism: one attention over a sequence split across the ranks of a
 ``torch.distributed`` process group (NCCL).
 
-* :func:`context_parallel_attention` — ring (``"p2p"``) or all-to-all (``"a2a"``, Ulysses)
-  attention with autograd; :func:`simulate_context_parallel` runs the same code for virtual
+* :func:`context_parallel_attention` — ring (``"p2p"``), all-to-all (``"a2a"``, Ulysses) or
+  all-gather (``"all_gather"``, Llama 3) attention with autograd; :func:`simulate_context_parallel` runs the same code for virtual
   ranks in one process.
 * :mod:`~te_cudnn.parallel.partition` — the dual-chunk split of a batch (dense or THD) into
   each rank's part, and the gather back (:func:`shard`, :func:`unshard`, ...).
 * :mod:`~te_cudnn.parallel.schedule` — which tile each ring step computes (pure functions).
 
-Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses`` -> ``api``.
+Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses``/``all_gather`` -> ``api``.
 """
 
 from .api import CpOptions, context_parallel_attention, cp_decline_reasons, ring_rank_alone, simulate_context_parallel

@@ -123,9 +123,10 @@ def _p2p_reasons(o: CpOptions) -> list[str]:
 def _all_gather_reasons(o: CpOptions, s_q: int, s_kv: int) -> list[str]:
     why = []
     if o.fmt == "thd":
-        why.append("all_gather: qkv_format='thd' is not supported (it needs per-sequence visible key lengths over "
-                   "the gathered, reordered THD keys and a THD stand-in kernel to check it on CPU; use "
-                   "cp_comm_type='p2p' for padding/padding_causal, or 'a2a' for THD with windows or sinks)")  # fmt: skip
+        why.append("all_gather: qkv_format='thd' is not supported (it needs per-sequence visible key lengths "
+                   "over the gathered, reordered THD keys and a THD stand-in kernel to check it on CPU; use "
+                   "cp_comm_type='p2p' for padding/padding_causal, or 'a2a' for THD with windows or "
+                   "sinks)")  # fmt: skip
     if o.bias_type != "no_bias":
         why.append(f"all_gather: attn_bias_type={o.bias_type!r} is not sliced per chunk (use cp_comm_type='a2a')")
     if o.fp8:
@@ -304,7 +305,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     attention with all its features (``attn_bias`` ``[1|b, 1|h, S, S]`` over global positions,
     ``window_size``, ``softmax_type``/``softmax_offset``, ``fp8_meta``), all-to-all back; ``h``
     and ``hg`` must be divisible by ``cp``. Gradients of the bias and sink logits are summed
-    over the group, so every rank holds the full gradient.
+    over the group, so every rank holds the full gradient. ``"all_gather"`` (Llama 3): key/value
+    shares all-gathered once; each of the rank's two query chunks attends, in one fused call, the
+    keys its causal mask or ``window_size`` reaches (a bottom-right aligned slice, nothing more);
+    dK/dV reduce-scattered (fp32) to their owners. ``bshd``/``sbhd``, ``no_mask``/``causal``,
+    sliding windows, ``softmax_type``/``softmax_offset`` (sink gradient summed over the group),
+    MHA/GQA, ``d_qk != d_v``, ``deterministic``; dropout only for ``no_mask`` without a window.
 
     Keyword options: ``qkv_format`` (``"bshd"``, ``"sbhd"``, ``"thd"``), ``attn_mask_type``
     (default ``"causal"``), ``cu_seqlens_q/kv``, ``cu_seqlens_q/kv_padded``,
