@@ -1,10 +1,8 @@
 """All-gather context parallelism (``cp_comm_type="all_gather"``) on the CPU.
 
 cuDNN needs a GPU, so the two fused kernels ``te_cudnn.parallel.all_gather`` calls are replaced
-by an fp32 implementation of their contract: masks ``no_mask`` / ``causal`` /
-``causal_bottom_right`` with ``window_size`` and ``bottom_right_diagonal``, sinks
-(``softmax_type``/``softmax_offset``), GQA; the forward returns O and the log-sum-exp, the
-backward works from the *given* O and log-sum-exp (and returns the sink's gradient). What is
+by the fp64 stand-ins of ``tests/_cp_standin.py`` (masks, windows, bottom-right alignment,
+sinks, GQA; the backward works from the *given* O and log-sum-exp). What is
 checked is te_cudnn's orchestration: the key slice and shifted window of every chunk, the
 gather into natural order, the reduce-scatter of dK/dV, the sink gradient summed over chunks
 and ranks, against the fp64 reference on the full sequence for cp = 1..4 and 8. The real
@@ -19,92 +17,26 @@ import pytest
 import torch
 
 import te_cudnn.parallel.all_gather as ag_mod
+from _cp_standin import CALLS, from_bhsd, install, math_bwd, math_fwd, to_bhsd
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
 from te_cudnn.parallel.all_gather import AgSpec, key_range, plan_tiles
 from te_cudnn.parallel.api import _options
-from te_cudnn.reference import allowed_mask, attention_reference
-
-
-def _to_bhsd(t: torch.Tensor, fmt: str) -> torch.Tensor:
-    return t.transpose(1, 2) if fmt.startswith("bshd") else t.permute(1, 2, 0, 3)
-
-
-def _from_bhsd(t: torch.Tensor, fmt: str) -> torch.Tensor:
-    return (t.transpose(1, 2) if fmt.startswith("bshd") else t.permute(2, 0, 1, 3)).contiguous()
-
-
-CALLS: list[tuple] = []  # (sq, skv, mask, window) of every stand-in forward call, for the slicing test
-
-
-def _scores(q, k, scale, mask, window, bottom_right):
-    sq, skv = q.shape[2], k.shape[2]
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    s = scale * q @ k.transpose(-2, -1)
-    allowed = allowed_mask(sq, skv, attn_mask_type=mask, window_size=tuple(window), bottom_right_diagonal=bottom_right)
-    return s.masked_fill(~allowed, float("-inf")), k
-
-
-def _sink(softmax_type, offset, h):
-    if softmax_type == "vanilla":
-        assert offset is None
-        return None
-    return torch.zeros(1, h, 1, 1) if offset is None else offset.double().reshape(1, h, 1, 1)
-
-
-def _math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_scale, dropout, qkv_layout,
-              attn_mask_type, softmax_type, window_size, bottom_right_diagonal, softmax_offset=None,
-              rng_state=None):  # fmt: skip
-    """fused_attn_fwd's contract (dense, no dropout) in fp64 on the CPU."""
-    assert dropout == 0.0 and cu_q is None and max_q == q.shape[1 if qkv_layout.startswith("bshd") else 0]
-    CALLS.append((max_q, max_kv, attn_mask_type, tuple(window_size)))
-    scale = attn_scale or q.shape[-1] ** -0.5
-    qb, kb, vb = (_to_bhsd(t, qkv_layout).double() for t in (q, k, v))
-    s, _ = _scores(qb, kb, scale, attn_mask_type, window_size, bottom_right_diagonal)
-    sink = _sink(softmax_type, softmax_offset, qb.shape[1])
-    ext = s if sink is None else torch.cat((s, sink.expand(*s.shape[:-1], 1)), -1)
-    lse = torch.logsumexp(ext, -1, keepdim=True)
-    p = torch.exp(s - lse).nan_to_num(0.0)
-    out = p @ vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
-    aux = [lse.float().contiguous(), torch.zeros(2, dtype=torch.int64)]
-    return _from_bhsd(out, qkv_layout).to(dtype), aux + ([] if sink is None else [softmax_offset])
-
-
-def _math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, *, attn_scale, dropout, qkv_layout,
-              attn_mask_type, softmax_type, window_size, bottom_right_diagonal, deterministic):  # fmt: skip
-    """fused_attn_bwd's contract from the given O and log-sum-exp (and the sink's gradient)."""
-    scale = attn_scale or q.shape[-1] ** -0.5
-    qb, kb, vb, ob, dob = (_to_bhsd(t, qkv_layout).double() for t in (q, k, v, o, d_o))
-    group = qb.shape[1] // kb.shape[1]
-    s, k_full = _scores(qb, kb, scale, attn_mask_type, window_size, bottom_right_diagonal)
-    lse = aux[0].double()
-    p = torch.exp(s - lse).nan_to_num(0.0)
-    big_d = (dob * ob).sum(-1, keepdim=True)
-    ds = p * (dob @ vb.repeat_interleave(group, dim=1).transpose(-2, -1) - big_d)
-    dq = scale * ds @ k_full
-    dk = (scale * ds.transpose(-2, -1) @ qb).unflatten(1, (-1, group)).sum(2)
-    dv = (p.transpose(-2, -1) @ dob).unflatten(1, (-1, group)).sum(2)
-    d_sink = None
-    if softmax_type == "learnable":
-        sink = _sink(softmax_type, aux[2], qb.shape[1])
-        d_sink = -(torch.exp(sink - lse) * big_d).sum((0, 2, 3)).view(1, -1, 1, 1).float()
-    return [_from_bhsd(g, qkv_layout).to(dtype) for g in (dq, dk, dv)] + [None, d_sink]
+from te_cudnn.reference import attention_reference
 
 
 @pytest.fixture
 def math_kernels(monkeypatch):
-    monkeypatch.setattr(ag_mod, "fused_attn_fwd", _math_fwd)
-    monkeypatch.setattr(ag_mod, "fused_attn_bwd", _math_bwd)
-    CALLS.clear()
+    install(monkeypatch, ag_mod)
 
 
 def _reference(q, k, v, d_out, mask, fmt, window, softmax_type="vanilla", offset=None):
-    leaves = [_to_bhsd(t, fmt).double().requires_grad_() for t in (q, k, v)]
+    leaves = [to_bhsd(t, fmt).double().requires_grad_() for t in (q, k, v)]
     off = None if offset is None else offset.detach().double().requires_grad_()
     out = attention_reference(*leaves, attn_mask_type=mask, window_size=window, compute_dtype=torch.float64,
                               softmax_type=softmax_type, softmax_offset=off).out  # fmt: skip
-    out.backward(_to_bhsd(d_out, fmt).double())
-    grads = [_from_bhsd(out.detach(), fmt)] + [_from_bhsd(t.grad, fmt) for t in leaves]
+    out.backward(to_bhsd(d_out, fmt).double())
+    grads = [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves]
     return grads, (None if off is None else off.grad)
 
 
@@ -293,7 +225,7 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ag_mod.fused_attn_fwd, ag_mod.fused_attn_bwd = _math_fwd, _math_bwd
+    ag_mod.fused_attn_fwd, ag_mod.fused_attn_bwd = math_fwd, math_bwd
     q, k, v, d_out = _case(world, fmt, HEADS["gqa"], s_chunk=3, seed=5)
     offset = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(2)).requires_grad_()
     local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]
