@@ -18,7 +18,9 @@ from ..config.checks import check_softmax_offset
 from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
 from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
-from .ring import DenseTiles, RingSpec, ThdTiles, backward_program, draw_rng_states, forward_program
+from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, backward_program, draw_rng_states, forward_program
+from .ring_sink import add_sink, sink_grad, sink_logits
+from .schedule import ring_window, single_key_tiles
 from .transport import (AllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
                         reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
@@ -98,7 +100,7 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
         if o.causal and q.shape[seq] != k.shape[seq]:
             why.append(f"causal attention needs as many queries as keys per rank, got {q.shape[seq]} and {k.shape[seq]}")
     if o.comm == "p2p":
-        why += _p2p_reasons(o)
+        why += _p2p_reasons(o, cp, q.shape[seq], k.shape[seq])
     elif o.comm == "all_gather":
         why += _all_gather_reasons(o, q.shape[seq], k.shape[seq])
     elif q.shape[-2] % cp or k.shape[-2] % cp:
@@ -107,16 +109,43 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
     return why
 
 
-def _p2p_reasons(o: CpOptions) -> list[str]:
+def _p2p_reasons(o: CpOptions, cp: int, s_q: int, s_kv: int) -> list[str]:
     why = []
     if o.bias_type != "no_bias":
         why.append(f"p2p: attn_bias_type={o.bias_type!r} is not split along the ring (use cp_comm_type='a2a')")
-    if o.window not in ((-1, -1), (-1, 0)):
-        why.append(f"p2p: window_size={o.window} (sliding windows) is not supported (use cp_comm_type='a2a')")
-    if o.softmax_type != "vanilla":
-        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) is not supported (use cp_comm_type='a2a')")
     if o.fp8:
         why.append("p2p: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+    sink = o.softmax_type != "vanilla"
+    if sink and o.fmt == "thd":
+        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) with qkv_format='thd' is not supported "
+                   f"(the sink is folded in after the ring, but the THD ring has no CPU check of it yet; use "
+                   f"cp_comm_type='a2a')")  # fmt: skip
+    if sink and o.dropout:
+        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) with dropout={o.dropout} is not checked "
+                   f"against a reference yet (use cp_comm_type='a2a')")  # fmt: skip
+    if o.window in ((-1, -1), (-1, 0)):
+        return why
+    if o.fmt == "thd":
+        why.append(f"p2p: window_size={o.window} (sliding windows) with qkv_format='thd' is not supported (the ring "
+                   f"skips tiles by dense chunk geometry only; use cp_comm_type='a2a')")  # fmt: skip
+        return why
+    if o.causal and o.window[1] not in (-1, 0):
+        why.append(f"p2p: window_size={o.window} has right={o.window[1]} but a causal mask allows no keys right "
+                   f"of the diagonal (use right=0 or -1)")  # fmt: skip
+        return why
+    window = ring_window(o.window, o.causal, cp * s_kv)
+    if window is None:
+        return why
+    if s_q != s_kv:
+        why.append(f"p2p: a sliding window needs as many queries as keys per rank, got {s_q} and {s_kv}")
+    if o.dropout:
+        why.append(f"p2p: dropout={o.dropout} with window_size={o.window}: cuDNN takes no dropout with a sliding "
+                   f"window")  # fmt: skip
+    if s_q == s_kv and s_q % 2 == 0 and single_key_tiles(cp, s_q // 2, window):
+        why.append(f"p2p: window_size={o.window} with chunks of {s_q // 2} tokens (S / (2 cp)) reaches some chunk "
+                   f"pair in a single query-key pair (a bound of 1 more than a multiple of the chunk length), and "
+                   f"cuDNN has no sq = skv = 1 backward (use cp_comm_type='all_gather' or 'a2a', or another "
+                   f"window or cp)")  # fmt: skip
     return why
 
 
@@ -154,19 +183,25 @@ class _RingJob:
     tiles: tuple[Any, ...]
     rng_states: tuple[Optional[torch.Tensor], ...]
     run: Callable[[list], list]
+    softmax_type: str = "vanilla"
 
 
 class _RingAttn(torch.autograd.Function):
     """The ring over the listed ranks (one on a process group, all ``cp`` in a simulation):
-    ``_RingAttn.apply(job, *qs, *ks, *vs) -> outs``."""
+    ``_RingAttn.apply(job, softmax_offset, *qs, *ks, *vs) -> outs``; differentiable in q, k, v
+    and (``learnable``: summed over the listed ranks) the sink logits."""
 
     @staticmethod
-    def forward(ctx, job: _RingJob, *tensors: torch.Tensor):
+    def forward(ctx, job: _RingJob, offset: Optional[torch.Tensor], *tensors: torch.Tensor):
         n = len(job.specs)
         qs, ks, vs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
         results = job.run([forward_program(*a) for a in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states)])
+        sink = sink_logits(job.softmax_type, offset, qs[0].shape[-2], qs[0].device)
+        if sink is not None:  # once per row, after every block (te_cudnn.parallel.ring_sink)
+            for (acc, lse, *_), spec in zip(results, job.specs):
+                add_sink(acc, lse, sink, spec.fmt)
         outs = tuple(acc.to(q.dtype) for (acc, *_), q in zip(results, qs))
-        ctx.job, ctx.aux = job, [r[1:] for r in results]  # (lse, rng states, last key/value packet) per rank
+        ctx.job, ctx.sink, ctx.aux = job, sink, [r[1:] for r in results]  # (lse, rng states, last packet) per rank
         ctx.save_for_backward(*qs, *ks, *vs, *outs)
         return outs
 
@@ -181,7 +216,11 @@ class _RingAttn(torch.autograd.Function):
         dqs = [g[0].to(q.dtype) for g, q in zip(grads, qs)]
         dks = [g[1].to(k.dtype) for g, k in zip(grads, ks)]
         dvs = [g[2].to(v.dtype) for g, v in zip(grads, vs)]
-        return (None, *dqs, *dks, *dvs)
+        d_offset = None
+        if ctx.needs_input_grad[1] and job.softmax_type == "learnable":
+            d_offset = sum(sink_grad(o, d, aux[0], ctx.sink, s.fmt)
+                           for o, d, aux, s in zip(outs, d_outs, ctx.aux, job.specs))  # fmt: skip
+        return (None, d_offset, *dqs, *dks, *dvs)
 
 
 @dataclass(frozen=True)
@@ -195,17 +234,23 @@ class _Call:
     max_seqlen: tuple[Optional[int], Optional[int]]
     rng_gen: Optional[torch.Generator]
 
-    def ring(self, qs, ks, vs, run: Callable[[list], list]) -> list[torch.Tensor]:
+    def ring(self, qs, ks, vs, run: Callable[[list], list], softmax_offset: Optional[torch.Tensor] = None,
+             shared: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]] = lambda t: t) -> list[torch.Tensor]:  # fmt: skip
+        """The p2p ring of the listed ranks (checks the sink before any exchange)."""
         o = self.o
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
+                             qs[0].shape[-2], qs[0])  # fmt: skip
         specs = tuple(RingSpec(self.cp, r, o.fmt, o.causal, o.attn_scale, o.dropout, o.deterministic) for r in self.ranks)
         tiles = tuple(self._tiles(s, q, k) for s, q, k in zip(specs, qs, ks))
         rngs = tuple(draw_rng_states(s, q.device, self.rng_gen) if o.dropout else None for s, q in zip(specs, qs))
-        return list(_RingAttn.apply(_RingJob(specs, tiles, rngs, run), *qs, *ks, *vs))
+        job = _RingJob(specs, tiles, rngs, run, o.softmax_type)
+        return list(_RingAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
 
     def _tiles(self, spec: RingSpec, q: torch.Tensor, k: torch.Tensor):
         if spec.fmt != "thd":
             dim = 1 if spec.fmt == "bshd" else 0
-            return DenseTiles(spec, q.shape[dim], k.shape[dim])
+            window = ring_window(self.o.window, spec.causal, k.shape[dim] * self.cp)
+            return DenseTiles(spec, q.shape[dim], k.shape[dim]) if window is None else WindowTiles(spec, q.shape[dim], window)
         max_q, max_kv = (m if m is not None else t.shape[0] * self.cp for m, t in zip(self.max_seqlen, (q, k)))
         return ThdTiles.build(spec, q, k, *self.cu, max_q, max_kv)
 
@@ -327,11 +372,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     cp, rank = group_info(cp_group)
     call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), cp_comm_type, **options)
-    if call.o.comm == "p2p":
-        return call.ring([q], [k], [v], lambda programs: [run_on_group(programs[0], cp_group)])[0]
 
     def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return SumGradOverGroup.apply(t, cp_group) if t is not None and t.requires_grad else t
+
+    if call.o.comm == "p2p":
+        return call.ring([q], [k], [v], lambda programs: [run_on_group(programs[0], cp_group)], offset, shared)[0]
 
     if call.o.comm == "all_gather":
         return call.all_gather([q], [k], [v], lambda xs: [all_gather_flat(xs[0], cp_group)],
@@ -359,7 +405,7 @@ def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence
                                             **options)  # fmt: skip
     qs, ks, vs = list(q_parts), list(k_parts), list(v_parts)
     if call.o.comm == "p2p":
-        return call.ring(qs, ks, vs, run_simulated)
+        return call.ring(qs, ks, vs, run_simulated, offset)
     if call.o.comm == "all_gather":
         return call.all_gather(qs, ks, vs, all_gather_simulated, reduce_scatter_simulated, offset, lambda t: t)
     return call.ulysses(qs, ks, vs, simulated_exchange, lambda t: t, bias, offset, fp8_meta)
@@ -373,5 +419,5 @@ def ring_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, 
     rank's, less the communication; the *values* are not attention over a real sequence. For
     sizing (how long a sequence fits per rank, what a step costs) before a multi-GPU run.
     Differentiable; same keyword options as :func:`context_parallel_attention`."""
-    call, _ = _setup(q, k, v, cp, (rank,), "p2p", **options)
-    return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])])[0]
+    call, (_, offset, _) = _setup(q, k, v, cp, (rank,), "p2p", **options)
+    return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])], offset)[0]
