@@ -4,7 +4,7 @@ Every rank builds the same seeded global batch (b=2, S=4096; THD: 4 sequences of
 lengths up to 4096, one empty), runs te_cudnn on the whole sequence (the single-GPU result)
 and the fp32 reference, then its own shard through ``context_parallel_attention`` (p2p, a2a
 and all_gather; MHA and GQA; causal, no_mask, THD padding_causal/padding for p2p and a2a,
-sliding windows for all_gather), gathers the shards and checks:
+sliding windows for p2p and all_gather, attention sinks for p2p), gathers the shards and checks:
 no NaN, padded rows zero, error against the reference at most 1.2x the single-GPU error.
 Deterministic mode must repeat bit for bit. Run by ``tests/test_cp_multi_gpu.py`` on a machine
 with two GPUs; prints one line per case and exits non-zero on the first failure.
@@ -33,7 +33,7 @@ CASES = [  # (fmt, mask, h, hg, d)
     ("thd", "padding_causal", 32, 4, 128),
     ("thd", "padding", 12, 12, 128),
 ]
-AG_WINDOWS = [  # all_gather's sliding windows: (fmt, mask, h, hg, d, window)
+WINDOWS = [  # sliding windows for p2p and all_gather: (fmt, mask, h, hg, d, window)
     ("bshd", "causal", 32, 4, 128, (512, 0)),
     ("sbhd", "no_mask", 12, 12, 128, (256, 256)),
 ]
@@ -51,6 +51,30 @@ def run_case(case, comm: str, cp: int, rank: int, **options) -> list[torch.Tenso
     out = context_parallel_attention(*local, dist.group.WORLD, comm, **case.options(), **options)
     out.backward(shard(case.d_out, cp, rank, case.fmt, pad))
     return [_gather(t.detach(), cp, case.fmt, pad) for t in (out, *(x.grad for x in local))]
+
+
+def _check_p2p_sinks(cp: int, rank: int, seq: int) -> None:
+    """p2p with an attention sink (off_by_one; learnable with a window): output, gradients and the
+    learnable sink's gradient (all-reduced over the group) equal te_cudnn's single-GPU result."""
+    for softmax_type, window in (("off_by_one", None), ("learnable", (512, 0))):
+        case = make_case("bshd", "causal", cp, 2, seq, 32, 4, 128, 128, seed=11)
+        offset = torch.randn(1, 32, 1, 1, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+        offset = offset.requires_grad_() if softmax_type == "learnable" else None
+        extra = dict(softmax_type=softmax_type, softmax_offset=offset)
+        if window is not None:
+            extra["window_size"] = window
+        got = run_case(case, "p2p", cp, rank, **extra)
+        grad_cp = None if offset is None else offset.grad.clone()
+        if offset is not None:
+            offset.grad = None
+        one = single_gpu(case, **extra)
+        for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+            torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"p2p {softmax_type} {name}: {m}")
+        if offset is not None:
+            torch.testing.assert_close(grad_cp, offset.grad, atol=5e-2, rtol=2e-2)
+        if rank == 0:
+            print(f"PASS p2p sink {softmax_type}{'' if window is None else f' window={window}'}: equals one GPU",
+                  flush=True)  # fmt: skip
 
 
 def _check_module(cp: int, rank: int, seq: int) -> None:
@@ -78,7 +102,7 @@ def main() -> int:
     results = []
     runs = [(comm, i, case, None) for comm in ("p2p", "a2a") for i, case in enumerate(CASES)]
     runs += [("all_gather", i, case, None) for i, case in enumerate(CASES) if case[0] != "thd"]  # THD declines
-    runs += [("all_gather", 100 + i, case[:5], case[5]) for i, case in enumerate(AG_WINDOWS)]
+    runs += [(comm, 100 + i, case[:5], case[5]) for comm in ("p2p", "all_gather") for i, case in enumerate(WINDOWS)]
     for comm, i, (fmt, mask, h, hg, d), window in runs:
         case = make_case(fmt, mask, cp, 2 if fmt != "thd" else 4, args.seq, h, hg, d, d, seed=1000 + i)
         extra = {} if window is None else dict(window_size=window)
@@ -98,6 +122,7 @@ def main() -> int:
         assert all(torch.equal(a, b) for a, b in zip(first, second)), f"{comm}: deterministic mode did not repeat"
         if rank == 0:
             print(f"PASS {comm} deterministic: two runs bit-identical", flush=True)
+    _check_p2p_sinks(cp, rank, args.seq)
     _check_module(cp, rank, args.seq)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:

@@ -85,6 +85,51 @@ def test_a2a_features_match_single_gpu(feature):
         torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
 
 
+_RING_WINDOWS = [(2, "bshd", "causal", "gqa", (64, 0)), (4, "sbhd", "causal", "mha", (100, 0)),
+                 (2, "bshd", "no_mask", "gqa", (64, 64)), (4, "sbhd", "no_mask", "mha", (-1, 32)),
+                 (3, "bshd", "causal", "mla", (200, 0)), (8, "bshd", "causal", "gqa", (48, 0)),
+                 (4, "bshd", "no_mask", "gqa", (17, 90))]  # fmt: skip
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads,window", _RING_WINDOWS,
+                         ids=[f"cp{c}-{f}-{m}-{h}-{w}" for c, f, m, h, w in _RING_WINDOWS])  # fmt: skip
+def test_ring_windows(cp, fmt, mask, heads, window):
+    """p2p with a sliding window: each step attends only the chunk pairs the window reaches
+    (square rectangles, top-left windows shifted to them); against the fp64 reference and the
+    single-GPU result."""
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=cp * 10 + len(heads) + 3)
+    extra = dict(window_size=window)
+    errors = check(f"p2p cp={cp} window={window}", _run(case, cp, "p2p", **extra), single_gpu(case, **extra),
+                   reference(case, window_size=window), case)  # fmt: skip
+    print(f"p2p cp={cp} {fmt} {mask} {heads} {window}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("softmax_type", ["off_by_one", "learnable"])
+@pytest.mark.parametrize("cp,fmt,mask,window", [(2, "bshd", "causal", None), (4, "sbhd", "causal", (64, 0)),
+                                                (2, "bshd", "no_mask", None), (3, "bshd", "no_mask", (40, 40))])  # fmt: skip
+def test_ring_sinks_match_single_gpu(softmax_type, cp, fmt, mask, window):
+    """p2p with an attention sink (vanilla kernels, the sink folded in after the ring): output
+    and gradients, and the learnable sink's gradient summed over the ranks, equal te_cudnn's
+    single-GPU sink attention."""
+    h = 8
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=31 + cp)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "p2p", **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
+
+
 def test_ring_dropout_backward_replays_forward_masks():
     """out is linear in v for a fixed dropout mask, so sum(out * d_out) == sum(v * dv) holds
     exactly when every backward step replays its forward step's mask (and fails otherwise)."""

@@ -20,4 +20,4 @@ def test_context_parallel_two_gpus(tmp_path):
                            script, "--json", str(report)], capture_output=True, text=True, timeout=1200)  # fmt: skip
     print(proc.stdout[-6000:])
     assert proc.returncode == 0, proc.stderr[-6000:]
-    assert report.exists() and proc.stdout.count("PASS") == 19
+    assert report.exists() and proc.stdout.count("PASS") == 23
