@@ -56,7 +56,8 @@ def _reference(q, k, v, d_out, mask, fmt, window, softmax_type="vanilla", offset
     out = attention_reference(*leaves, attn_mask_type=mask, window_size=window, compute_dtype=torch.float64,
                               softmax_type=softmax_type, softmax_offset=off).out  # fmt: skip
     out.backward(to_bhsd(d_out, fmt).double())
-    return [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves], (None if off is None else off.grad)
+    grads = [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves]
+    return grads, (None if off is None else off.grad)
 
 
 def _close(got, ref, what):
@@ -94,11 +95,13 @@ def test_windowed_ring_cp8(math_kernels, fmt, mask, window):
     _close(got, ref, f"cp=8 {fmt} {mask} {window}")
 
 
+_SINKS = [(1, "bshd", "causal", None), (2, "sbhd", "causal", None), (3, "bshd", "no_mask", None),
+          (4, "sbhd", "no_mask", None), (2, "bshd", "causal", (3, 0)), (3, "sbhd", "no_mask", (2, 2)),
+          (4, "bshd", "causal", (6, 0)), (8, "bshd", "causal", None)]  # fmt: skip
+
+
 @pytest.mark.parametrize("softmax_type", ["off_by_one", "learnable"])
-@pytest.mark.parametrize("cp,fmt,mask,window", [(1, "bshd", "causal", None), (2, "sbhd", "causal", None),
-                                                (3, "bshd", "no_mask", None), (4, "sbhd", "no_mask", None),
-                                                (2, "bshd", "causal", (3, 0)), (3, "sbhd", "no_mask", (2, 2)),
-                                                (4, "bshd", "causal", (6, 0)), (8, "bshd", "causal", None)])  # fmt: skip
+@pytest.mark.parametrize("cp,fmt,mask,window", _SINKS)
 def test_ring_sinks(math_kernels, softmax_type, cp, fmt, mask, window):
     """The sink enters each row's normaliser once (after the ring); the learnable sink's
     gradient -sum exp(s_h - L) (dO . O) is summed over the ranks."""

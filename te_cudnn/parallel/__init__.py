@@ -6,9 +6,12 @@
   ranks in one process.
 * :mod:`~te_cudnn.parallel.partition` — the dual-chunk split of a batch (dense or THD) into
   each rank's part, and the gather back (:func:`shard`, :func:`unshard`, ...).
-* :mod:`~te_cudnn.parallel.schedule` — which tile each ring step computes (pure functions).
+* :mod:`~te_cudnn.parallel.schedule` — which tile each ring step computes, with or without a
+  sliding window (pure functions); :mod:`~te_cudnn.parallel.ring_sink` — the attention sink
+  folded into the ring's result.
 
-Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses``/``all_gather`` -> ``api``.
+Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses``/``all_gather`` ->
+``ring_sink`` -> ``api``.
 """
 
 from .api import CpOptions, context_parallel_attention, cp_decline_reasons, ring_rank_alone, simulate_context_parallel

@@ -235,7 +235,7 @@ class _Call:
     rng_gen: Optional[torch.Generator]
 
     def ring(self, qs, ks, vs, run: Callable[[list], list], softmax_offset: Optional[torch.Tensor] = None,
-             shared: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]] = lambda t: t) -> list[torch.Tensor]:  # fmt: skip
+             shared: Callable[[Any], Any] = lambda t: t) -> list[torch.Tensor]:  # fmt: skip
         """The p2p ring of the listed ranks (checks the sink before any exchange)."""
         o = self.o
         check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
@@ -250,7 +250,9 @@ class _Call:
         if spec.fmt != "thd":
             dim = 1 if spec.fmt == "bshd" else 0
             window = ring_window(self.o.window, spec.causal, k.shape[dim] * self.cp)
-            return DenseTiles(spec, q.shape[dim], k.shape[dim]) if window is None else WindowTiles(spec, q.shape[dim], window)
+            if window is None:
+                return DenseTiles(spec, q.shape[dim], k.shape[dim])
+            return WindowTiles(spec, q.shape[dim], window)
         max_q, max_kv = (m if m is not None else t.shape[0] * self.cp for m, t in zip(self.max_seqlen, (q, k)))
         return ThdTiles.build(spec, q, k, *self.cu, max_q, max_kv)
 
@@ -345,7 +347,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     stream, overlapped with each step's attention), outputs merge by their log-sum-exp in fp32;
     the backward sends key/value blocks with their fp32 gradients the other way. Masks
     ``no_mask``/``causal`` (``padding``/``padding_causal`` for THD), MHA/GQA, ``d_qk != d_v``,
-    dropout (a fresh Philox state per step and rank, replayed by the backward), ``deterministic``.
+    dropout (a fresh Philox state per step and rank, replayed by the backward), ``deterministic``;
+    for ``bshd``/``sbhd``, sliding windows (each step computes only the chunk pairs the window
+    reaches; blocks still travel the whole ring) and ``softmax_type``/``softmax_offset`` (the sink
+    folded in once per row after the ring; the learnable sink's gradient summed over the group),
+    neither with dropout.
     ``"a2a"`` (Ulysses): all-to-all to whole sequences of ``h / cp`` heads, one local te_cudnn
     attention with all its features (``attn_bias`` ``[1|b, 1|h, S, S]`` over global positions,
     ``window_size``, ``softmax_type``/``softmax_offset``, ``fp8_meta``), all-to-all back; ``h``

@@ -11,6 +11,14 @@ key/value gradient travels with its block (zero-initialised at the first rank th
 added to at every hop, kept in fp32) and arrives complete at its owner after ``cp`` steps. The
 last forward block is the first backward block, so the backward starts without communication.
 
+Sliding windows (dense formats, :class:`WindowTiles`): a step makes one fused call per (query
+chunk, key chunk) pair the window reaches (:func:`~te_cudnn.parallel.schedule.window_calls`),
+trimmed to the rectangle it reaches, with the window shifted to that rectangle; pairs out of
+reach are neither computed forward nor backward (a step may launch nothing). Blocks still travel
+the whole ring: every step's send is unchanged. Attention sinks are folded into the merged
+accumulators once, after the ring (:mod:`~te_cudnn.parallel.ring_sink`); the kernels run
+vanilla softmax.
+
 THD batches (packed, each sequence padded to a multiple of ``2 cp``) keep the tensors whole:
 half-sequence sections are described to cuDNN by per-sequence valid lengths and token offsets
 (the second half of every sequence starts ``k_i`` tokens later), so no step copies a tensor.
@@ -29,8 +37,8 @@ from .partition import thd_valid_lengths
 from .schedule import Section, WindowCall, bwd_origin, fwd_origin, fwd_step_of, section, window_calls
 from .transport import Post, Wait
 
-__all__ = ["RingSpec", "DenseTiles", "WindowTiles", "ThdTiles", "forward_program", "backward_program", "draw_rng_states",
-           "lse_rows"]
+__all__ = ["RingSpec", "DenseTiles", "WindowTiles", "ThdTiles", "forward_program", "backward_program",
+           "draw_rng_states", "lse_rows"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ Lower: both local query chunks come after chunk ``j`` and before chunk ``2cp-1-j
 query chunk ``r`` precedes both key chunks, chunk ``2cp-1-r`` follows both. Diagonal: local
 queries and keys are laid out alike, so the ordinary causal mask is exact. Every rank does the
 same amount of causal work.
+
+Sliding windows ``(left, right)`` (query ``p`` reaches keys ``[p - left, p + right]``; causal:
+``right = 0``) replace the sections with :func:`window_calls`: for each of the four (query
+chunk, key chunk) pairs of a tile, the rectangle of the pairs the window reaches, or nothing.
+A band cuts a pair of equal chunks in a square (the whole pair, or the corner triangle's
+bounding square), so every call has as many queries as keys and its top-left window has
+bounds >= 0. The caller declines a window for which some corner is a single query and key
+(:func:`single_key_tiles`; cuDNN has no ``sq = skv = 1`` backward).
 """
 
 from __future__ import annotations
