@@ -1,9 +1,10 @@
 """Context parallelism: one attention over a sequence split across the ranks of a
 ``torch.distributed`` process group (NCCL).
 
-* :func:`context_parallel_attention` — ring (``"p2p"``), all-to-all (``"a2a"``, Ulysses) or
-  all-gather (``"all_gather"``, Llama 3) attention with autograd; :func:`simulate_context_parallel` runs the same code for virtual
-  ranks in one process.
+* :func:`context_parallel_attention` — ring (``"p2p"``), all-to-all (``"a2a"``, Ulysses),
+  all-gather (``"all_gather"``, Llama 3) or hierarchical (``"a2a+p2p"``: all-to-all inside
+  groups, the ring across them; :mod:`~te_cudnn.parallel.hierarchical`) attention with
+  autograd; :func:`simulate_context_parallel` runs the same code for virtual ranks in one process.
 * :mod:`~te_cudnn.parallel.partition` — the dual-chunk split of a batch (dense or THD) into
   each rank's part, and the gather back (:func:`shard`, :func:`unshard`, ...).
 * :mod:`~te_cudnn.parallel.schedule` — which tile each ring step computes, with or without a
@@ -11,7 +12,7 @@
   folded into the ring's result.
 
 Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses``/``all_gather`` ->
-``ring_sink`` -> ``api``.
+``ring_sink``/``hierarchical`` -> ``api``.
 """
 
 from .api import CpOptions, context_parallel_attention, cp_decline_reasons, ring_rank_alone, simulate_context_parallel

@@ -18,6 +18,7 @@ from ..config.checks import check_softmax_offset
 from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
 from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
+from .hierarchical import a2a_p2p_attention, check_layout, grid_groups
 from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, backward_program, draw_rng_states, forward_program
 from .ring_sink import add_sink, sink_grad, sink_logits
 from .schedule import ring_window, single_key_tiles
@@ -28,7 +29,7 @@ from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exch
 __all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
            "ring_rank_alone"]
 
-_COMM_TYPES = ("p2p", "a2a", "all_gather")
+_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 _DENSE_MASKS = ("no_mask", "causal")
 _THD_MASKS = {"padding": "padding", "padding_causal": "padding_causal", "no_mask": "padding", "causal": "padding_causal"}
 
@@ -78,8 +79,10 @@ def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, dete
                      bias_type, softmax_type, fp8_meta is not None)  # fmt: skip
 
 
-def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[str]:
-    """Why a context-parallel call cannot run (empty: it can). Reads shapes only (no sync)."""
+def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       layout: Optional[tuple[int, int]] = None) -> list[str]:  # fmt: skip
+    """Why a context-parallel call cannot run (empty: it can). Reads shapes only (no sync).
+    ``layout``: ``(a2a group size, p2p group size)`` for ``"a2a+p2p"`` (default ``(1, cp)``)."""
     why = []
     masks = tuple(_THD_MASKS.values()) if o.fmt == "thd" else _DENSE_MASKS
     if o.mask not in masks:
@@ -103,6 +106,8 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
         why += _p2p_reasons(o, cp, q.shape[seq], k.shape[seq])
     elif o.comm == "all_gather":
         why += _all_gather_reasons(o, q.shape[seq], k.shape[seq])
+    elif o.comm == "a2a+p2p":
+        why += _a2a_p2p_reasons(o, layout or (1, cp), q, k, seq)
     elif q.shape[-2] % cp or k.shape[-2] % cp:
         why.append(f"a2a splits heads over the ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by "
                    f"cp={cp} (use cp_comm_type='p2p')")  # fmt: skip
@@ -114,7 +119,10 @@ def _p2p_reasons(o: CpOptions, cp: int, s_q: int, s_kv: int) -> list[str]:
     if o.bias_type != "no_bias":
         why.append(f"p2p: attn_bias_type={o.bias_type!r} is not split along the ring (use cp_comm_type='a2a')")
     if o.fp8:
-        why.append("p2p: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+        why.append("p2p: FP8 (fp8_meta) is not supported: every ring step's output and gradients would need "
+                   "their own per-step scales and amaxes (TransformerEngine's per-step quantizer copies, dequantized "
+                   "for the fp32 merge, amaxes reduced over the group), which the ring does not keep; use "
+                   "cp_comm_type='a2a' (one FP8 attention over whole sequences)")  # fmt: skip
     sink = o.softmax_type != "vanilla"
     if sink and o.fmt == "thd":
         why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) with qkv_format='thd' is not supported "
@@ -147,6 +155,19 @@ def _p2p_reasons(o: CpOptions, cp: int, s_q: int, s_kv: int) -> list[str]:
                    f"cuDNN has no sq = skv = 1 backward (use cp_comm_type='all_gather' or 'a2a', or another "
                    f"window or cp)")  # fmt: skip
     return why
+
+
+def _a2a_p2p_reasons(o: CpOptions, layout: tuple[int, int], q: torch.Tensor, k: torch.Tensor, seq: int) -> list[str]:
+    """The a2a level splits heads; the ring then runs over the p2p group on the group's whole
+    (A times longer) shares, so it declines what the p2p ring declines at that size."""
+    a2a, p2p = layout
+    why = []
+    if q.shape[-2] % a2a or k.shape[-2] % a2a:
+        why.append(f"a2a+p2p splits heads over the a2a group: h={q.shape[-2]} and hg={k.shape[-2]} must be "
+                   f"divisible by its size {a2a} (use cp_comm_type='p2p', or a smaller a2a group)")  # fmt: skip
+    ring = _p2p_reasons(o, p2p, a2a * q.shape[seq], a2a * k.shape[seq])
+    return why + [f"a2a+p2p runs the p2p ring over the p2p group ({p2p} ranks) and inherits its limits: "
+                  f"{r.removeprefix('p2p: ')}" for r in ring]  # fmt: skip
 
 
 def _all_gather_reasons(o: CpOptions, s_q: int, s_kv: int) -> list[str]:
@@ -235,16 +256,36 @@ class _Call:
     rng_gen: Optional[torch.Generator]
 
     def ring(self, qs, ks, vs, run: Callable[[list], list], softmax_offset: Optional[torch.Tensor] = None,
-             shared: Callable[[Any], Any] = lambda t: t) -> list[torch.Tensor]:  # fmt: skip
-        """The p2p ring of the listed ranks (checks the sink before any exchange)."""
+             shared: Callable[[Any], Any] = lambda t: t, rng_shift: int = 0) -> list[torch.Tensor]:  # fmt: skip
+        """The p2p ring of the listed ranks (checks the sink before any exchange). ``rng_shift``
+        is added to the dropout seeds (rings of an a2a+p2p grid draw independent masks)."""
         o = self.o
         check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
                              qs[0].shape[-2], qs[0])  # fmt: skip
         specs = tuple(RingSpec(self.cp, r, o.fmt, o.causal, o.attn_scale, o.dropout, o.deterministic) for r in self.ranks)
         tiles = tuple(self._tiles(s, q, k) for s, q, k in zip(specs, qs, ks))
         rngs = tuple(draw_rng_states(s, q.device, self.rng_gen) if o.dropout else None for s, q in zip(specs, qs))
+        if rng_shift:
+            rngs = tuple(None if r is None else r + torch.tensor([rng_shift, 0], device=r.device) for r in rngs)
         job = _RingJob(specs, tiles, rngs, run, o.softmax_type)
         return list(_RingAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
+
+    def a2a_p2p(self, qs, ks, vs, layout: tuple[int, int], exchange, run: Callable[[list], list],
+                ring_ranks: tuple[int, ...], groups: tuple, softmax_offset: Optional[torch.Tensor],
+                shared: Callable[[Any], Any]) -> list[torch.Tensor]:  # fmt: skip
+        """Hierarchical attention of the listed ranks (:mod:`te_cudnn.parallel.hierarchical`):
+        ``exchange`` is one a2a group's all-to-all, ``run`` one ring's driver over the ring
+        ranks ``ring_ranks``, ``groups`` the listed ranks' ``(a2a blocks, rings)``. The sink
+        logits are checked (all heads) before any exchange; each ring gets its heads' logits."""
+        o, (n_a2a, n_p2p), h = self.o, layout, qs[0].shape[-2]
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset, h, qs[0])
+        offset, ring_call = shared(softmax_offset), replace(self, cp=n_p2p, ranks=ring_ranks)
+
+        def ring(a: int, rq, rk, rv) -> list[torch.Tensor]:
+            sink = head_slice(offset, 1, n_a2a, a, h)  # a copy: cuDNN-aligned and contiguous for the ring's check
+            return ring_call.ring(rq, rk, rv, run, None if sink is None else sink.clone(), rng_shift=a * n_p2p)
+
+        return a2a_p2p_attention(ring, qs, ks, vs, n_a2a, n_p2p, o.fmt, self.cu[2:], exchange, *groups)
 
     def _tiles(self, spec: RingSpec, q: torch.Tensor, k: torch.Tensor):
         if spec.fmt != "thd":
@@ -298,13 +339,14 @@ def _ag_rng_states(rank: int, tiles: int, device: torch.device, gen: Optional[to
     return states
 
 
-def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple) -> None:
-    why = cp_decline_reasons(opts, cp, q, k, v)
+def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple, layout) -> None:
+    why = cp_decline_reasons(opts, cp, q, k, v, layout)
     if opts.fmt == "thd" and (cu[0] is None or cu[2] is None):
         why.append("qkv_format='thd' needs the global cu_seqlens_q and cu_seqlens_q_padded (every padded length a "
                    "multiple of 2 * cp; te_cudnn.parallel.pad_cu_seqlens makes them)")  # fmt: skip
     if why:
-        raise UnsupportedConfigError(f"context-parallel attention (cp={cp}, cp_comm_type={opts.comm!r}, "
+        grid = "" if layout is None else f" as (a2a, p2p) = {tuple(layout)}"
+        raise UnsupportedConfigError(f"context-parallel attention (cp={cp}{grid}, cp_comm_type={opts.comm!r}, "
                                      f"qkv_format={opts.fmt!r}, attn_mask_type={opts.mask!r})",
                                      {f"cp_comm_type={opts.comm!r}": why})  # fmt: skip
 
@@ -321,13 +363,15 @@ def _setup(q, k, v, cp: int, ranks: tuple[int, ...], cp_comm_type: str = "p2p", 
            attn_mask_type: str = "causal", cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
            cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_scale=None, dropout=0.0,
            deterministic=False, window_size=None, attn_bias=None, attn_bias_type=None, softmax_type="vanilla",
-           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None) -> tuple[_Call, tuple]:  # fmt: skip
-    """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors."""
+           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None,
+           layout=None) -> tuple[_Call, tuple]:  # fmt: skip
+    """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors.
+    ``layout``: the ``(a2a, p2p)`` group sizes of ``"a2a+p2p"``."""
     training = torch.is_grad_enabled() if is_training is None else bool(is_training)
     opts = _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size,
                     attn_bias, attn_bias_type, softmax_type, fp8_meta, training)  # fmt: skip
     cu = _cu_tuple(opts.fmt, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv))
+    _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv), layout)
     return _Call(opts, cp, ranks, cu, (max_seqlen_q, max_seqlen_kv), rng_gen), (attn_bias, softmax_offset, fp8_meta)
 
 
@@ -362,6 +406,13 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dK/dV reduce-scattered (fp32) to their owners. ``bshd``/``sbhd``, ``no_mask``/``causal``,
     sliding windows, ``softmax_type``/``softmax_offset`` (sink gradient summed over the group),
     MHA/GQA, ``d_qk != d_v``, ``deterministic``; dropout only for ``no_mask`` without a window.
+    ``"a2a+p2p"`` (hierarchical, TransformerEngine's): ``cp_group=[a2a_group, p2p_group]``; the
+    all-to-all of ``"a2a"`` inside the first group (``h`` and ``hg`` divisible by its size),
+    the ``"p2p"`` ring across the second on the head-sharded whole shares of the first group,
+    the all-to-all back (:mod:`te_cudnn.parallel.hierarchical`). Ranks are laid out as
+    TransformerEngine's: the rank at ring position ``p`` and a2a position ``a`` holds the
+    dual-chunk share of ``g = p * A + a`` (``cp = A * P``). It serves what the ring serves at
+    ``P`` ranks (windows and sinks for ``bshd``/``sbhd``, THD without them, no bias, no FP8).
 
     Keyword options: ``qkv_format`` (``"bshd"``, ``"sbhd"``, ``"thd"``), ``attn_mask_type``
     (default ``"causal"``), ``cu_seqlens_q/kv``, ``cu_seqlens_q/kv_padded``,
@@ -375,7 +426,13 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     Raises ``ValueError``/``TypeError`` for malformed arguments and
     :class:`~te_cudnn.UnsupportedConfigError` (with the reasons) before any communication.
+    FP8 (``fp8_meta``) declines under ``"p2p"``, ``"all_gather"`` and ``"a2a+p2p"``: use ``"a2a"``.
     """
+    if cp_comm_type == "a2a+p2p":
+        return _a2a_p2p_on_groups(q, k, v, cp_group, **options)
+    if isinstance(cp_group, (list, tuple)):
+        raise ValueError(f"cp_group is a list of {len(cp_group)}: only cp_comm_type='a2a+p2p' takes groups as a "
+                         f"list ([a2a_group, p2p_group]); got cp_comm_type={cp_comm_type!r}")  # fmt: skip
     cp, rank = group_info(cp_group)
     call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), cp_comm_type, **options)
 
@@ -395,21 +452,63 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return call.ulysses([q], [k], [v], exchange, shared, bias, offset, fp8_meta)[0]
 
 
+def _a2a_p2p_on_groups(q, k, v, cp_group: Any, **options: Any) -> torch.Tensor:
+    """``context_parallel_attention(..., [a2a_group, p2p_group], "a2a+p2p")``: this rank's part
+    of the grid (validated, sink included, before any collective)."""
+    if not isinstance(cp_group, (list, tuple)) or len(cp_group) != 2:
+        raise ValueError(f"cp_comm_type='a2a+p2p' takes cp_group=[a2a_group, p2p_group] (the all-to-all group "
+                         f"first, e.g. the GPUs of one node; the ring's group second), got {cp_group!r}")  # fmt: skip
+    a2a_group, p2p_group = cp_group
+    (n_a2a, a), (n_p2p, p) = group_info(a2a_group), group_info(p2p_group)
+    call, (_, offset, _) = _setup(q, k, v, n_a2a * n_p2p, (p * n_a2a + a,), "a2a+p2p", layout=(n_a2a, n_p2p),
+                                  **options)  # fmt: skip
+
+    def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:  # summed over the a2a group, then the ring's
+        if t is None or not t.requires_grad:
+            return t
+        return SumGradOverGroup.apply(SumGradOverGroup.apply(t, a2a_group), p2p_group)
+
+    def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [AllToAll.apply(sends[0], a2a_group)]
+
+    def run(programs: list) -> list:
+        return [run_on_group(programs[0], p2p_group)]
+
+    groups = ([[0]], [(a, [0])])
+    return call.a2a_p2p([q], [k], [v], (n_a2a, n_p2p), exchange, run, (p,), groups, offset, shared)[0]
+
+
 def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence[torch.Tensor],
                               v_parts: Sequence[torch.Tensor], cp_comm_type: str = "p2p",
+                              cp_layout: Optional[tuple[int, int]] = None,
                               **options: Any) -> list[torch.Tensor]:  # fmt: skip
     """:func:`context_parallel_attention` of ``cp = len(q_parts)`` virtual ranks in one process
     (no process group, no NCCL): part ``r`` is rank ``r``'s local tensor, and so is result ``r``.
     The ring runs the same per-rank programs in lockstep and its exchanges become copies; the
     all-to-all becomes stacking. Differentiable. Same keyword options. For tests, and for
-    trying a configuration on one GPU."""
+    trying a configuration on one GPU.
+
+    ``cp_comm_type="a2a+p2p"`` needs ``cp_layout=(A, P)``, the sizes of the a2a group and of
+    the ring (``A * P == cp``): part ``g = p * A + a`` is the rank at ring position ``p`` and
+    a2a position ``a`` (TransformerEngine's global rank order: a2a groups are contiguous
+    blocks ``[pA, pA + A)``, rings are strided); every part still holds the dual-chunk share of
+    ``cp`` (:func:`~te_cudnn.parallel.shard` with ``cp`` and ``g``). Other types take no layout."""
     if not (len(q_parts) == len(k_parts) == len(v_parts)) or not q_parts:
         raise ValueError(f"q_parts, k_parts, v_parts must list the same number (>= 1) of ranks, got "
                          f"{len(q_parts)}, {len(k_parts)}, {len(v_parts)}")  # fmt: skip
     cp = len(q_parts)
+    if cp_comm_type == "a2a+p2p":
+        layout = check_layout(cp_layout, cp)
+    elif cp_layout is not None:
+        raise ValueError(f"cp_layout is for cp_comm_type='a2a+p2p' only, got cp_comm_type={cp_comm_type!r}")
+    else:
+        layout = None
     call, (bias, offset, fp8_meta) = _setup(q_parts[0], k_parts[0], v_parts[0], cp, tuple(range(cp)), cp_comm_type,
-                                            **options)  # fmt: skip
+                                            layout=layout, **options)  # fmt: skip
     qs, ks, vs = list(q_parts), list(k_parts), list(v_parts)
+    if call.o.comm == "a2a+p2p":
+        return call.a2a_p2p(qs, ks, vs, layout, simulated_exchange, run_simulated, tuple(range(layout[1])),
+                            grid_groups(*layout), offset, lambda t: t)  # fmt: skip
     if call.o.comm == "p2p":
         return call.ring(qs, ks, vs, run_simulated, offset)
     if call.o.comm == "all_gather":
