@@ -227,3 +227,53 @@ def test_a2a_fp8_follows_bf16():
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
         cos = torch.nn.functional.cosine_similarity(x.double().flatten(), y.double().flatten(), dim=0).item()
         assert torch.isfinite(x).all() and cos > 0.99, f"{name}: cosine {cos:.4f}"
+
+
+_GRID = [((2, 2), "bshd", "causal", "gqa"), ((2, 2), "sbhd", "no_mask", "mha"), ((2, 1), "bshd", "causal", "mla"),
+         ((1, 2), "sbhd", "causal", "gqa"), ((2, 4), "bshd", "causal", "gqa"), ((4, 2), "sbhd", "causal", "mha")]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,fmt,mask,heads", _GRID, ids=[f"{a}x{p}-{f}-{m}-{h}" for (a, p), f, m, h in _GRID])
+def test_a2a_p2p_dense(layout, fmt, mask, heads):
+    """Hierarchical a2a+p2p on simulated (a2a, p2p) grids: the all-to-all inside each a2a group,
+    the real ring kernels across it; against the fp64 reference and the single-GPU result."""
+    cp = layout[0] * layout[1]
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=300 + cp + layout[0])
+    errors = check(f"a2a+p2p {layout}", _run(case, cp, "a2a+p2p", cp_layout=layout), single_gpu(case), reference(case),
+                   case)  # fmt: skip
+    print(f"a2a+p2p {layout} {fmt} {mask} {heads}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,mask", [((2, 2), "padding_causal"), ((2, 2), "padding"), ((2, 3), "padding_causal")])
+def test_a2a_p2p_thd(layout, mask):
+    """THD through both levels: the a2a reorders with the group's padded offsets (cu_seqlens_padded
+    // P), the ring's THD sections over the p2p group (its first check on real kernels; the CPU
+    tests check the layout the a2a hands the ring)."""
+    cp = layout[0] * layout[1]
+    case = make_case("thd", mask, cp, 6, 160, 8, 2, 128, 128, seed=400 + cp)
+    errors = check(f"a2a+p2p thd {layout}", _run(case, cp, "a2a+p2p", cp_layout=layout), single_gpu(case),
+                   reference(case), case)  # fmt: skip
+    print(f"a2a+p2p thd {layout} {mask}: " + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))
+
+
+@pytest.mark.parametrize("softmax_type,window", [("learnable", None), ("off_by_one", (64, 0)), ("learnable", (64, 0))])
+def test_a2a_p2p_window_and_sinks_match_single_gpu(softmax_type, window):
+    """a2a+p2p (2 x 2) with the ring's windows and sinks: each ring folds in its heads' sink
+    logits; the learnable sink's gradient summed over the grid equals the single-GPU one."""
+    layout, cp, h = (2, 2), 4, 8
+    case = make_case("bshd", "causal", cp, 2, 128 * cp, h, 2, 64, 64, seed=51)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "a2a+p2p", cp_layout=layout, **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
