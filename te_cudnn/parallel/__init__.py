@@ -15,7 +15,8 @@ Layers: ``partition``/``schedule`` -> ``transport`` -> ``ring``/``ulysses``/``al
 ``ring_sink``/``hierarchical`` -> ``api``.
 """
 
-from .api import CpOptions, context_parallel_attention, cp_decline_reasons, ring_rank_alone, simulate_context_parallel
+from .api import (CpOptions, a2a_rank_alone, context_parallel_attention, cp_decline_reasons, ring_rank_alone,
+                  simulate_context_parallel)
 from .partition import (
     dual_chunks,
     gather_sequence,
@@ -34,7 +35,7 @@ from .partition import (
 )
 
 __all__ = [
-    "context_parallel_attention", "simulate_context_parallel", "ring_rank_alone", "cp_decline_reasons", "CpOptions",
+    "context_parallel_attention", "simulate_context_parallel", "ring_rank_alone", "a2a_rank_alone", "cp_decline_reasons", "CpOptions",
     "shard", "unshard", "split_sequence", "gather_sequence", "pad_cu_seqlens", "pad_thd", "unpad_thd",
     "split_thd", "gather_thd", "thd_partition_index", "thd_valid_lengths", "thd_local_cu_seqlens", "dual_chunks",
     "seq_dim",

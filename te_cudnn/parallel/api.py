@@ -22,12 +22,12 @@ from .hierarchical import a2a_p2p_attention, check_layout, grid_groups
 from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, backward_program, draw_rng_states, forward_program
 from .ring_sink import add_sink, sink_grad, sink_logits
 from .schedule import ring_window, single_key_tiles
-from .transport import (AllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
+from .transport import (AllToAll, LoopbackAllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
                         reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
 
 __all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
-           "ring_rank_alone"]
+           "ring_rank_alone", "a2a_rank_alone"]
 
 _COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 _DENSE_MASKS = ("no_mask", "causal")
@@ -526,3 +526,18 @@ def ring_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, 
     Differentiable; same keyword options as :func:`context_parallel_attention`."""
     call, (_, offset, _) = _setup(q, k, v, cp, (rank,), "p2p", **options)
     return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])], offset)[0]
+
+
+def a2a_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, rank: int = 0,
+                   **options: Any) -> torch.Tensor:  # fmt: skip
+    """One rank of a ``cp``-way a2a (Ulysses) attention on one GPU, without a process group: each
+    all-to-all receives the rank's own send (:class:`~te_cudnn.parallel.transport.LoopbackAllToAll`),
+    so the rank allocates and computes what it would (the whole sequence for ``h / cp`` heads);
+    the *values* are not attention over a real sequence. For sizing, as :func:`ring_rank_alone`.
+    Differentiable; same keyword options as :func:`context_parallel_attention`."""
+    call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), "a2a", **options)
+
+    def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [LoopbackAllToAll.apply(sends[0])]
+
+    return call.ulysses([q], [k], [v], exchange, lambda t: t, bias, offset, fp8_meta)[0]

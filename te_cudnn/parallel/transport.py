@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all",
+           "LoopbackAllToAll",
            "all_gather_flat", "reduce_scatter_flat", "all_gather_simulated", "reduce_scatter_simulated"]
 
 
@@ -144,6 +145,21 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], None]:
         return all_to_all(grad, ctx.group), None
+
+
+class LoopbackAllToAll(torch.autograd.Function):
+    """:class:`AllToAll` of one rank alone: it allocates what :func:`all_to_all` does (a contiguous
+    send, a receive buffer) and receives its own send back, both ways (for sizing on one GPU)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        return torch.empty_like(x).copy_(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        return torch.empty_like(grad).copy_(grad)
 
 
 def all_gather_flat(x: torch.Tensor, group: Any) -> torch.Tensor:
