@@ -147,17 +147,30 @@ def measure(comm: str, cp: int, h: int, hg: int, d: int, s_local: int, monkeypat
     return {"fwd": peak_fwd / tokens, "bwd": peak_bwd / tokens}
 
 
-def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, version: str = "now") -> float:
+def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal: bool = True,
+                version: str = "now") -> float:  # fmt: skip
     """Bytes per local token a p2p rank holds at its backward's peak (the guide's "Memory per rank"),
-    from the code; ``version="before"``: before the step's gradients and the forward's last block
-    were released early (an upper bound: it counts two full sections' gradients)."""
-    inputs = (3 * h + 2 * hg) * d * e  # q, k, v, O (saved), dO
-    stats = 4 * h  # the merged log-sum-exp, fp32
-    blocks = (0 if cp == 1 else 3 if cp >= 3 and version == "before" else 2) * 2 * hg * d * e  # K/V packets
-    dq_acc = 4 * h * d  # fp32
-    dkv = (1 if cp == 1 else 2) * 2 * hg * d * 4  # the travelling fp32 dK/dV: received and sent
-    grads = (2 if cp >= 2 and version == "before" else 1) * (h + 2 * hg) * d * e  # one step's kernel outputs
-    return inputs + stats + blocks + dq_acc + dkv + grads
+    from the code, step by step; ``version="before"``: before the step's gradients and the
+    forward's last block were released early and the ring drivers stopped holding a step's
+    buffers (the sent block and fp32 dK/dV) into the next step."""
+    from te_cudnn.parallel.schedule import bwd_origin, section
+
+    def grads(i: int) -> float:  # the kernel's dQ, dK, dV of step i's section
+        sect = section(rank, bwd_origin(cp, rank, i), causal)
+        stats = 2 * h if sect.q_half else 0  # the upper section's stats, copied contiguous (fp32, half the rows)
+        return ((h / 2 if sect.q_half else h) + (hg if sect.kv_half else 2 * hg)) * d * e + stats
+
+    fixed = (3 * h + 2 * hg) * d * e + 4 * h + 4 * h * d  # q, k, v, O (saved), dO; the fp32 stats; fp32 dQ
+    peak = 0.0
+    for i in range(cp):
+        blocks = 0 if cp == 1 else (i < cp - 1) + 1  # the block attended and the one arriving
+        dkv = (1 if i == 0 else 2) * 2 * hg * d * 4  # the travelling fp32 dK/dV: received and sent
+        if version == "before" and i > 0:
+            blocks += 1  # the forward's last block, held by the autograd context
+            dkv += (i > 1) * 2 * hg * d * 4  # the dK/dV sent a step earlier, still held by the driver
+        held = grads(i) + (grads(i - 1) if version == "before" and i > 0 else 0)
+        peak = max(peak, blocks * 2 * hg * d * e + dkv + held)
+    return fixed + peak
 
 
 def a2a_derived(h: int, hg: int, d: int, e: int, cp: int, version: str = "now") -> float:

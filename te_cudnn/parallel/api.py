@@ -231,8 +231,13 @@ class _RingAttn(torch.autograd.Function):
         job, n, saved = ctx.job, len(ctx.job.specs), ctx.saved_tensors
         qs, ks, vs, outs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n], saved[3 * n :]
         d_outs = [torch.zeros_like(o) if d is None else _readable_grad(d) for d, o in zip(d_outs, outs)]
-        programs = [backward_program(s, t, q, k, v, o, d, *aux)
-                    for s, t, q, k, v, o, d, aux in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, ctx.aux)]  # fmt: skip
+        if len(ctx.aux[0]) < 3:
+            raise RuntimeError("the p2p ring's backward runs once: it frees the forward's last key/value block as it "
+                               "goes (retain_graph=True is not supported for cp_comm_type='p2p')")  # fmt: skip
+        aux, ctx.aux = ctx.aux, [a[:1] for a in ctx.aux]  # the programs own the last blocks (freed as they go)
+        programs = [backward_program(s, t, q, k, v, o, d, *a)
+                    for s, t, q, k, v, o, d, a in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, aux)]  # fmt: skip
+        del aux
         grads = job.run(programs)
         dqs = [g[0].to(q.dtype) for g, q in zip(grads, qs)]
         dks = [g[1].to(k.dtype) for g, k in zip(grads, ks)]

@@ -363,8 +363,10 @@ def forward_program(spec: RingSpec, tiles, q, k, v, rng_states: Optional[torch.T
 
 
 def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
-    """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's).
-    Returns fp32 (dq, dk, dv) of the rank's own tokens."""
+    """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's);
+    the caller hands over its reference, so each block is freed once its step is done (two
+    blocks alive at most: the one attended and the one arriving). Returns fp32 (dq, dk, dv) of
+    the rank's own tokens."""
     cp, r = spec.cp, spec.rank
     block = (k, v) if cp == 1 else _unpack(packet, k.shape, v.shape)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -385,6 +387,7 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
         if i == 0:
             dkv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=k.device)
         tiles.add_step(pending, dq_acc, *_unpack(dkv, k.shape, v.shape))
+        pending = None  # the step's gradients are added: free them before the next step's kernel
         outgoing = dkv
         if i < cp - 1:
             packet = nxt

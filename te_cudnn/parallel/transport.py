@@ -70,14 +70,26 @@ def run_on_group(program: RankProgram, group: Any) -> Any:
         except StopIteration as done:
             return done.value
         if isinstance(msg, Post):
-            to, frm = (nxt, prev) if msg.forward else (prev, nxt)
-            ops = [dist.P2POp(dist.isend, t, to, group) for t in msg.sends]
-            ops += [dist.P2POp(dist.irecv, t, frm, group) for t in msg.recvs]
-            reply = dist.batch_isend_irecv(ops)
+            reply = _post(msg, nxt, prev, group)
         else:
             for work in msg.handle:
                 work.wait()  # NCCL: the current stream waits, the host does not
             reply = None
+
+
+def _post(msg: Post, nxt: int, prev: int, group: Any) -> list:
+    """One ``batch_isend_irecv``. No reference to the tensors outlives it here (the work keeps
+    them until it completes), so a driver never holds a step's buffers into the next step."""
+    to, frm = (nxt, prev) if msg.forward else (prev, nxt)
+    ops = [dist.P2POp(dist.isend, t, to, group) for t in msg.sends]
+    ops += [dist.P2POp(dist.irecv, t, frm, group) for t in msg.recvs]
+    return dist.batch_isend_irecv(ops)
+
+
+def _copy_into(recvs: Sequence[torch.Tensor], sends: Sequence[torch.Tensor]) -> None:
+    """The received tensors copied from the sent ones (no loop variable keeps one alive)."""
+    for recv, send in zip(recvs, sends):
+        recv.copy_(send)
 
 
 def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
@@ -104,8 +116,9 @@ def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
                 if len(src.sends) != len(msg.recvs):
                     raise RuntimeError("simulated ring: a rank receives a different number of tensors than its "
                                        "neighbour sends")  # fmt: skip
-                for recv, send in zip(msg.recvs, src.sends):
-                    recv.copy_(send)
+                _copy_into(msg.recvs, src.sends)
+            msg = src = None
+        msgs = None  # type: ignore[assignment]  # no step's buffers held into the next step
         replies = [None] * cp
 
 
@@ -120,9 +133,8 @@ def run_loopback(program: RankProgram) -> Any:
         except StopIteration as done:
             return done.value
         if isinstance(msg, Post):
-            for recv, send in zip(msg.recvs, msg.sends):
-                recv.copy_(send)
-        reply = None
+            _copy_into(msg.recvs, msg.sends)
+        msg = reply = None
 
 
 def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
