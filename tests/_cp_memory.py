@@ -175,7 +175,8 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
 
 def a2a_derived(h: int, hg: int, d: int, e: int, cp: int, version: str = "now") -> float:
     """Bytes per local token an a2a rank holds at its backward's peak, from the code (dense
-    formats); ``version="before"``: before the dual-chunk reorder had a permutation backward."""
+    formats); ``version="before"``: before the dense dual-chunk reorder of the output became one
+    permutation (its backward held the received dO and three full-size partial sums)."""
     inputs = (3 * h + 2 * hg) * d * e  # q, k, v, O, dO (sequence-sharded, the caller's)
     saved = (2 * h + 2 * hg) * d * e + 4 * h  # head-sharded q, k, v, O saved by the attention; its stats
     if version == "before" and cp >= 2:  # in the reorder's backward: dO received, 3 full-size partial sums

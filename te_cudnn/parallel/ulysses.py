@@ -71,11 +71,39 @@ def heads_to_sequence(xs: Sequence[torch.Tensor], cp: int, fmt: str, padded: Opt
     return [unshard(list(r.unbind(0)), fmt, padded) for r in received]
 
 
+class _Chunks(torch.autograd.Function):
+    """``x`` with its ``n`` equal chunks along ``dim`` taken in ``order`` (a permutation), as one
+    copy; the backward is the inverse permutation of the gradient (one copy, no zero-filled
+    full-size partial gradients per chunk as narrow-and-cat would make)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, order: torch.Tensor) -> torch.Tensor:
+        ctx.dim, ctx.inverse = dim, torch.argsort(order)
+        return x.unflatten(dim, (order.numel(), -1)).index_select(dim, order).flatten(dim, dim + 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        g = grad.unflatten(ctx.dim, (ctx.inverse.numel(), -1)).index_select(ctx.dim, ctx.inverse)
+        return g.flatten(ctx.dim, ctx.dim + 1), None, None
+
+
+def _dense_shards(o: torch.Tensor, cp: int, fmt: str) -> torch.Tensor:
+    """``[cp, ...]``: every rank's dual-chunk share of a dense whole sequence (as stacking
+    :func:`~te_cudnn.parallel.partition.shard` of every rank, in one permutation)."""
+    dim = 1 if fmt == "bshd" else 0
+    order = [c for r in range(cp) for c in (r, 2 * cp - 1 - r)]
+    y = _Chunks.apply(o, dim, torch.tensor(order, device=o.device))
+    return y.unflatten(dim, (cp, -1)).movedim(dim, 0)
+
+
 def sequence_to_heads(outs: Sequence[torch.Tensor], cp: int, fmt: str, padded: Optional[torch.Tensor],
                       exchange: ExchangeAll) -> list[torch.Tensor]:  # fmt: skip
     """The inverse all-to-all of :func:`heads_to_sequence`: whole sequences with ``h / cp``
     heads -> every listed rank's dual-chunk share with all ``h`` heads."""
-    sends = [torch.stack([shard(o, cp, r, fmt, padded) for r in range(cp)]) for o in outs]
+    if fmt == "thd":
+        sends = [torch.stack([shard(o, cp, r, fmt, padded) for r in range(cp)]) for o in outs]
+    else:
+        sends = [_dense_shards(o, cp, fmt) for o in outs]
     return [x.movedim(0, -3).flatten(-3, -2) for x in exchange(sends)]  # [local..., h, d]
 
 
