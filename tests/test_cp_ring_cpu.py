@@ -295,3 +295,31 @@ def test_every_call_runs_or_declines_with_a_reason(cp, comm, fmt, mask, s_local,
         want = _full_reference(*full, torch.zeros_like(full[0]), mask, fmt, full_window)[0]
         err = (unshard(outs, fmt).double() - want).abs().max().item()
         assert err <= 2e-2 * max(1.0, want.abs().max().item()), err
+
+
+def test_a2a_hands_each_rank_an_aligned_copy_of_its_sink_logits(monkeypatch):
+    """h / cp = 2 logits per rank: the head slice of every odd rank starts 8 bytes into the
+    [1, h, 1, 1] fp32 tensor, which cuDNN cannot read (16-byte rule); each rank gets a copy,
+    and the gradients of the copies reach the shared logits."""
+    import te_cudnn.parallel.api as api_mod
+
+    seen = []
+
+    def attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, pad_q=None, pad_kv=None,
+               softmax_offset=None):  # fmt: skip
+        seen.append(softmax_offset)
+        assert softmax_offset.data_ptr() % 16 == 0 and softmax_offset.shape == (1, 2, 1, 1)
+        out = _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts)
+        return out * softmax_offset.sum().to(out.dtype)
+
+    monkeypatch.setattr(api_mod, "attend", attend)
+    cp, h, b, s, d = 4, 8, 1, 8 * 4, 16
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(b, s, h, d, generator=g).bfloat16() for _ in range(3))
+    offset = torch.randn(1, h, 1, 1, generator=g).requires_grad_()
+    parts = [[shard(t, cp, r, "bshd") for r in range(cp)] for t in (q, k, v)]
+    outs = simulate_context_parallel(*parts, "a2a", qkv_format="bshd", attn_mask_type="no_mask",
+                                     softmax_type="learnable", softmax_offset=offset)  # fmt: skip
+    sum(o.float().sum() for o in outs).backward()
+    assert len(seen) == cp
+    assert offset.grad is not None and torch.all(offset.grad != 0)

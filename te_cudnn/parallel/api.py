@@ -317,8 +317,9 @@ class _Call:
         def attn(rank: int, q, k, v) -> torch.Tensor:
             if fp8_meta is not None:
                 return attend_fp8(q, k, v, fp8_meta, cu_q, cu_kv, max_q, max_kv, replace(opts, attn_bias_type="no_bias"))
+            sink = head_slice(offset, 1, cp, rank, h)  # copied: a slice of h / cp logits may start off 16 bytes
             return attend(q, k, v, head_slice(bias, 1, cp, rank, h), cu_q, cu_kv, max_q, max_kv, True, self.rng_gen,
-                          opts, pad_q, pad_kv, softmax_offset=head_slice(offset, 1, cp, rank, h))  # fmt: skip
+                          opts, pad_q, pad_kv, softmax_offset=None if sink is None else sink.clone())  # fmt: skip
 
         return a2a_attention(attn, self.ranks, qs, ks, vs, cp, o.fmt, (pad_q, pad_kv), exchange)
 
