@@ -30,7 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Needs torchrun and a CUDA GPU per rank "
                                 "(--alone CP: one GPU, no torchrun); --help needs neither.")  # fmt: skip
     p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536, 131072], help="global sequence lengths S")
-    p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a"], help="cp_comm_type(s)")
+    p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a", "all_gather"],
+                   help="cp_comm_type(s)")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=128)

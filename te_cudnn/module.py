@@ -217,16 +217,27 @@ class DotProductAttention(torch.nn.Module):
         """Split attention's sequence over ``cp_group`` (TransformerEngine's method and argument
         names; ``cp_global_ranks`` and ``cp_stream`` are accepted and not needed: peers come from
         the group, and NCCL overlaps the exchanges with compute on its own stream). ``None`` or
-        a group of one rank turns context parallelism off. Inputs are then each rank's share of
+        a group of one rank turns context parallelism off. ``cp_comm_type="a2a+p2p"`` takes
+        ``cp_group=[a2a_group, p2p_group]`` (all-to-all inside the first, e.g. one node's GPUs;
+        the ring across the second); both of one rank turn it off. Inputs are then each rank's share of
         the sequence (:func:`te_cudnn.parallel.shard`); see
         :func:`te_cudnn.parallel.context_parallel_attention` for what each ``cp_comm_type`` serves."""
-        self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a"))
+        self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a", "all_gather", "a2a+p2p"))
         self.cp_group = None
-        if cp_group is not None:
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size(cp_group) > 1:
-                self.cp_group = cp_group
-            elif not (dist.is_available() and dist.is_initialized()):
-                raise RuntimeError("cp_group needs an initialised torch.distributed process group")
+        if cp_group is None:
+            return
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("cp_group needs an initialised torch.distributed process group")
+        if self.cp_comm_type == "a2a+p2p":  # TE: [a2a_group (intra-node), p2p_group (the ring)]
+            if not isinstance(cp_group, (list, tuple)) or len(cp_group) != 2:
+                raise ValueError(f"cp_comm_type='a2a+p2p' takes cp_group=[a2a_group, p2p_group], got {cp_group!r}")
+            if dist.get_world_size(cp_group[0]) * dist.get_world_size(cp_group[1]) > 1:
+                self.cp_group = list(cp_group)
+        elif isinstance(cp_group, (list, tuple)):
+            raise ValueError(f"a list of groups is for cp_comm_type='a2a+p2p' ([a2a_group, p2p_group]); got "
+                             f"cp_comm_type={self.cp_comm_type!r}")  # fmt: skip
+        elif dist.get_world_size(cp_group) > 1:
+            self.cp_group = cp_group
 
     def extra_repr(self) -> str:
         return (f"num_attention_heads={self.num_attention_heads}, num_gqa_groups={self.num_gqa_groups}, "

@@ -83,12 +83,14 @@ def _back(t: torch.Tensor, fmt: str) -> torch.Tensor:
     return (t.transpose(1, 2) if fmt == "bshd" else t.permute(2, 0, 1, 3)).contiguous()
 
 
-def reference(case: Case, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
-    """out, dq, dk, dv of the full attention in ``dtype`` (THD: sequence by sequence, pads zero)."""
+def reference(case: Case, dtype: torch.dtype = torch.float64,
+              window_size: tuple[int, int] = (-1, -1)) -> list[torch.Tensor]:  # fmt: skip
+    """out, dq, dk, dv of the full attention in ``dtype`` (THD: sequence by sequence, pads zero;
+    ``window_size``: dense only)."""
     mask = "causal" if "causal" in case.mask else "no_mask"
     if case.fmt != "thd":
         leaves = [_bhsd(x, case.fmt).to(dtype).requires_grad_() for x in (case.q, case.k, case.v)]
-        out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=dtype).out
+        out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=dtype, window_size=window_size).out
         out.backward(_bhsd(case.d_out, case.fmt).to(dtype))
         return [_back(t, case.fmt) for t in (out.detach(), *(x.grad for x in leaves))]
     results = [torch.zeros_like(x, dtype=dtype) for x in (case.d_out, case.q, case.k, case.v)]

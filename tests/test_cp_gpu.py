@@ -85,6 +85,51 @@ def test_a2a_features_match_single_gpu(feature):
         torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
 
 
+_RING_WINDOWS = [(2, "bshd", "causal", "gqa", (64, 0)), (4, "sbhd", "causal", "mha", (100, 0)),
+                 (2, "bshd", "no_mask", "gqa", (64, 64)), (4, "sbhd", "no_mask", "mha", (-1, 32)),
+                 (3, "bshd", "causal", "mla", (200, 0)), (8, "bshd", "causal", "gqa", (48, 0)),
+                 (4, "bshd", "no_mask", "gqa", (17, 90))]  # fmt: skip
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads,window", _RING_WINDOWS,
+                         ids=[f"cp{c}-{f}-{m}-{h}-{w}" for c, f, m, h, w in _RING_WINDOWS])  # fmt: skip
+def test_ring_windows(cp, fmt, mask, heads, window):
+    """p2p with a sliding window: each step attends only the chunk pairs the window reaches
+    (square rectangles, top-left windows shifted to them); against the fp64 reference and the
+    single-GPU result."""
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=cp * 10 + len(heads) + 3)
+    extra = dict(window_size=window)
+    errors = check(f"p2p cp={cp} window={window}", _run(case, cp, "p2p", **extra), single_gpu(case, **extra),
+                   reference(case, window_size=window), case)  # fmt: skip
+    print(f"p2p cp={cp} {fmt} {mask} {heads} {window}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("softmax_type", ["off_by_one", "learnable"])
+@pytest.mark.parametrize("cp,fmt,mask,window", [(2, "bshd", "causal", None), (4, "sbhd", "causal", (64, 0)),
+                                                (2, "bshd", "no_mask", None), (3, "bshd", "no_mask", (40, 40))])  # fmt: skip
+def test_ring_sinks_match_single_gpu(softmax_type, cp, fmt, mask, window):
+    """p2p with an attention sink (vanilla kernels, the sink folded in after the ring): output
+    and gradients, and the learnable sink's gradient summed over the ranks, equal te_cudnn's
+    single-GPU sink attention."""
+    h = 8
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=31 + cp)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "p2p", **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
+
+
 def test_ring_dropout_backward_replays_forward_masks():
     """out is linear in v for a fixed dropout mask, so sum(out * d_out) == sum(v * dv) holds
     exactly when every backward step replays its forward step's mask (and fails otherwise)."""
@@ -104,12 +149,68 @@ def test_ring_dropout_backward_replays_forward_masks():
     assert not torch.equal(other[0], out), "a new generator state draws new masks"
 
 
-@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+@pytest.mark.parametrize("comm", ["p2p", "a2a", "all_gather"])
 def test_deterministic_mode_repeats_bitwise(comm):
     case = make_case("sbhd", "causal", 2, 2, 512, 8, 2, 64, 64, seed=3)
     first = _run(case, 2, comm, deterministic=True)
     second = _run(case, 2, comm, deterministic=True)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+_AG = [(cp, "bshd", "causal", "gqa", None) for cp in (2, 3, 4, 8)] + [
+    (2, "sbhd", "causal", "mha", None), (4, "sbhd", "no_mask", "gqa", None), (2, "bshd", "no_mask", "mla", None),
+    (3, "bshd", "causal", "mla", None), (2, "bshd", "causal", "gqa", (64, 0)), (4, "sbhd", "causal", "mha", (100, 0)),
+    (2, "bshd", "no_mask", "gqa", (64, 64)), (4, "sbhd", "no_mask", "mha", (-1, 32)),
+    (8, "bshd", "causal", "gqa", (48, 0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cp,fmt,mask,heads,window", _AG, ids=[f"cp{c}-{f}-{m}-{h}-{w}" for c, f, m, h, w in _AG])
+def test_all_gather_dense(cp, fmt, mask, heads, window):
+    """all_gather: each query chunk against the gathered keys it reaches (bottom-right, shifted
+    window), dK/dV reduce-scattered; against the fp64 reference and the single-GPU result."""
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=cp * 10 + len(heads) + 1)
+    extra = {} if window is None else dict(window_size=window)
+    ref = reference(case, window_size=window or (-1, -1))
+    errors = check(f"all_gather cp={cp}", _run(case, cp, "all_gather", **extra), single_gpu(case, **extra), ref, case)
+    print(f"all_gather cp={cp} {fmt} {mask} {heads} {window}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("softmax_type", ["off_by_one", "learnable"])
+@pytest.mark.parametrize("cp,mask,window", [(2, "causal", None), (4, "causal", (64, 0)), (2, "no_mask", None)])
+def test_all_gather_sinks_match_single_gpu(softmax_type, cp, mask, window):
+    """The sink enters each row once (one call per query chunk); the learnable sink's gradient
+    is summed over the chunks and ranks."""
+    h = 8
+    case = make_case("bshd", mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=21 + cp)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "all_gather", **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)
+
+
+def test_all_gather_dropout_backward_replays_forward_masks():
+    """no_mask (one call per rank): sum(out * d_out) == sum(v * dv) holds exactly when the
+    backward replays the forward's dropout mask."""
+    cp = 4
+    case = make_case("bshd", "no_mask", cp, 2, 512, 8, 2, 64, 64, seed=6)
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    out, dq, dk, dv = _run(case, cp, "all_gather", dropout=0.2, rng_gen=gen)
+    lhs = (out.double() * case.d_out.double()).sum()
+    rhs = (case.v.double() * dv.double()).sum()
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    assert abs(lhs - rhs) <= 2e-2 * (out.double() * case.d_out.double()).abs().sum(), (lhs.item(), rhs.item())
 
 
 @pytest.mark.fp8
@@ -126,3 +227,53 @@ def test_a2a_fp8_follows_bf16():
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
         cos = torch.nn.functional.cosine_similarity(x.double().flatten(), y.double().flatten(), dim=0).item()
         assert torch.isfinite(x).all() and cos > 0.99, f"{name}: cosine {cos:.4f}"
+
+
+_GRID = [((2, 2), "bshd", "causal", "gqa"), ((2, 2), "sbhd", "no_mask", "mha"), ((2, 1), "bshd", "causal", "mla"),
+         ((1, 2), "sbhd", "causal", "gqa"), ((2, 4), "bshd", "causal", "gqa"), ((4, 2), "sbhd", "causal", "mha")]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,fmt,mask,heads", _GRID, ids=[f"{a}x{p}-{f}-{m}-{h}" for (a, p), f, m, h in _GRID])
+def test_a2a_p2p_dense(layout, fmt, mask, heads):
+    """Hierarchical a2a+p2p on simulated (a2a, p2p) grids: the all-to-all inside each a2a group,
+    the real ring kernels across it; against the fp64 reference and the single-GPU result."""
+    cp = layout[0] * layout[1]
+    h, hg, d_qk, d_v = HEADS[heads]
+    case = make_case(fmt, mask, cp, 2, 128 * cp, h, hg, d_qk, d_v, seed=300 + cp + layout[0])
+    errors = check(f"a2a+p2p {layout}", _run(case, cp, "a2a+p2p", cp_layout=layout), single_gpu(case), reference(case),
+                   case)  # fmt: skip
+    print(f"a2a+p2p {layout} {fmt} {mask} {heads}: "
+          + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,mask", [((2, 2), "padding_causal"), ((2, 2), "padding"), ((2, 3), "padding_causal")])
+def test_a2a_p2p_thd(layout, mask):
+    """THD through both levels: the a2a reorders with the group's padded offsets (cu_seqlens_padded
+    // P), the ring's THD sections over the p2p group (its first check on real kernels; the CPU
+    tests check the layout the a2a hands the ring)."""
+    cp = layout[0] * layout[1]
+    case = make_case("thd", mask, cp, 6, 160, 8, 2, 128, 128, seed=400 + cp)
+    errors = check(f"a2a+p2p thd {layout}", _run(case, cp, "a2a+p2p", cp_layout=layout), single_gpu(case),
+                   reference(case), case)  # fmt: skip
+    print(f"a2a+p2p thd {layout} {mask}: " + ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items()))
+
+
+@pytest.mark.parametrize("softmax_type,window", [("learnable", None), ("off_by_one", (64, 0)), ("learnable", (64, 0))])
+def test_a2a_p2p_window_and_sinks_match_single_gpu(softmax_type, window):
+    """a2a+p2p (2 x 2) with the ring's windows and sinks: each ring folds in its heads' sink
+    logits; the learnable sink's gradient summed over the grid equals the single-GPU one."""
+    layout, cp, h = (2, 2), 4, 8
+    case = make_case("bshd", "causal", cp, 2, 128 * cp, h, 2, 64, 64, seed=51)
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, "a2a+p2p", cp_layout=layout, **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    if shared is not None:
+        shared.grad = None
+    one = single_gpu(case, **extra)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2, msg=lambda m: f"{softmax_type} {name}: {m}")
+    if shared is not None:
+        torch.testing.assert_close(grad_cp, shared.grad, atol=5e-2, rtol=2e-2)

@@ -1,9 +1,9 @@
 """Context parallelism on the CPU: the ring's schedule, merge and gradient travel, the Ulysses
 all-to-all, and argument validation.
 
-cuDNN needs a GPU, so the ring tests here replace the two fused kernels the ring calls with a
-small fp32 implementation of the same contract (output and log-sum-exp forward; a backward
-from the *given* global O and log-sum-exp). What they check is te_cudnn's orchestration: the
+cuDNN needs a GPU, so the ring tests here replace the two fused kernels the ring calls with the
+fp64 stand-ins of ``tests/_cp_standin.py`` (output and log-sum-exp forward; a backward from the
+*given* global O and log-sum-exp). What they check is te_cudnn's orchestration: the
 sections each step computes, the log-sum-exp merge, the key/value gradients that travel the
 ring, for cp = 1..8 against the fp32 reference on the full sequence. The real kernels run in
 ``tests/test_cp_gpu.py`` (simulated ring on one GPU) and ``tests/cp_two_gpu.py`` (NCCL).
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import te_cudnn.parallel.ring as ring_mod
+from _cp_standin import from_bhsd, install, math_bwd, math_fwd, to_bhsd
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
 from te_cudnn.parallel.api import _options
@@ -25,61 +26,16 @@ from te_cudnn.parallel.schedule import Section, bwd_origin, fwd_origin, fwd_step
 from te_cudnn.reference import attention_reference
 
 
-def _to_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    return t.transpose(1, 2) if layout.startswith("bshd") else t.permute(1, 2, 0, 3)
-
-
-def _from_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    return (t.transpose(1, 2) if layout.startswith("bshd") else t.permute(2, 0, 1, 3)).contiguous()
-
-
-def _scores(q, k, scale, mask):
-    h, hg = q.shape[1], k.shape[1]
-    k = k.repeat_interleave(h // hg, dim=1)
-    s = scale * q @ k.transpose(-2, -1)
-    if mask == "causal":
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return s, k
-
-
-def _math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_scale, dropout, qkv_layout,
-              attn_mask_type, rng_state=None):  # fmt: skip
-    """fused_attn_fwd's contract for dense no_mask/causal, in fp32 on the CPU."""
-    assert dropout == 0.0 and cu_q is None
-    scale = attn_scale or q.shape[-1] ** -0.5
-    qb, kb, vb = (_to_bhsd(t, qkv_layout).float() for t in (q, k, v))
-    s, _ = _scores(qb, kb, scale, attn_mask_type)
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    out = torch.softmax(s, -1) @ vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
-    return _from_bhsd(out, qkv_layout).to(dtype), [lse.contiguous(), torch.zeros(2, dtype=torch.int64)]
-
-
-def _math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, *, attn_scale, dropout, qkv_layout,
-              attn_mask_type, deterministic):  # fmt: skip
-    """fused_attn_bwd's contract (the gradient of one key block given the global O and lse)."""
-    scale = attn_scale or q.shape[-1] ** -0.5
-    qb, kb, vb, ob, dob = (_to_bhsd(t, qkv_layout).float() for t in (q, k, v, o, d_o))
-    group = qb.shape[1] // kb.shape[1]
-    s, k_full = _scores(qb, kb, scale, attn_mask_type)
-    p = torch.exp(s - aux[0])
-    ds = p * (dob @ vb.repeat_interleave(group, dim=1).transpose(-2, -1) - (dob * ob).sum(-1, keepdim=True))
-    dq = scale * ds @ k_full
-    dk = (scale * ds.transpose(-2, -1) @ qb).unflatten(1, (-1, group)).sum(2)
-    dv = (p.transpose(-2, -1) @ dob).unflatten(1, (-1, group)).sum(2)
-    return [_from_bhsd(g, qkv_layout).to(dtype) for g in (dq, dk, dv)] + [None, None]
-
-
 @pytest.fixture
 def math_kernels(monkeypatch):
-    monkeypatch.setattr(ring_mod, "fused_attn_fwd", _math_fwd)
-    monkeypatch.setattr(ring_mod, "fused_attn_bwd", _math_bwd)
+    install(monkeypatch, ring_mod)
 
 
-def _full_reference(q, k, v, d_out, mask, fmt):
-    leaves = [_to_bhsd(t, f"{fmt}_").double().requires_grad_() for t in (q, k, v)]
-    out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=torch.float64).out
-    out.backward(_to_bhsd(d_out, f"{fmt}_").double())
-    back = lambda t: _from_bhsd(t, f"{fmt}_")  # noqa: E731
+def _full_reference(q, k, v, d_out, mask, fmt, window=(-1, -1)):
+    leaves = [to_bhsd(t, f"{fmt}_").double().requires_grad_() for t in (q, k, v)]
+    out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=torch.float64, window_size=window).out
+    out.backward(to_bhsd(d_out, f"{fmt}_").double())
+    back = lambda t: from_bhsd(t, f"{fmt}_")  # noqa: E731
     return back(out.detach()), *(back(t.grad) for t in leaves)
 
 
@@ -141,8 +97,9 @@ def _bf16(*shape):
 
 @pytest.mark.parametrize("comm,kwargs,q_shape,hg,match", [
     ("p2p", dict(attn_bias_type="post_scale_bias"), (2, 8, 4, 16), 4, "attn_bias_type='post_scale_bias'"),
-    ("p2p", dict(window_size=(8, 0)), (2, 8, 4, 16), 4, r"window_size=\(8, 0\)"),
-    ("p2p", dict(softmax_type="learnable"), (2, 8, 4, 16), 4, "attention sinks"),
+    ("p2p", dict(window_size=(4, 0), dropout=0.1), (2, 8, 4, 16), 4, "no dropout with a sliding window"),
+    ("p2p", dict(window_size=(5, 0)), (2, 8, 4, 16), 4, "sq = skv = 1"),
+    ("p2p", dict(softmax_type="off_by_one", dropout=0.1), (2, 8, 4, 16), 4, "attention sinks"),
     ("p2p", dict(attn_mask_type="causal_bottom_right"), (2, 8, 4, 16), 4, "bottom-right"),
     ("a2a", dict(), (2, 8, 3, 16), 3, "h=3 and hg=3 must be divisible by cp=2"),
     ("p2p", dict(), (2, 7, 4, 16), 4, "two equal chunks"),
@@ -216,8 +173,8 @@ def _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen
                  softmax_offset=None):  # fmt: skip
     """te_cudnn.autograd.attend's contract for dense no_mask/causal, differentiable, on the CPU."""
     layout = opts.qkv_layout
-    out = attention_reference(*(_to_bhsd(t, layout).float() for t in (q, k, v)), attn_mask_type=opts.attn_mask_type).out
-    return _from_bhsd(out, layout).to(q.dtype)
+    out = attention_reference(*(to_bhsd(t, layout).float() for t in (q, k, v)), attn_mask_type=opts.attn_mask_type).out
+    return from_bhsd(out, layout).to(q.dtype)
 
 
 def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: str, report: str) -> None:
@@ -232,7 +189,7 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = _math_fwd, _math_bwd, _math_attend
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = math_fwd, math_bwd, _math_attend
     g = torch.Generator().manual_seed(5)
     b, s, h, hg, d = 2, 8 * world, 4, 2, 16
     shape = lambda n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
@@ -322,7 +279,7 @@ def test_every_call_runs_or_declines_with_a_reason(cp, comm, fmt, mask, s_local,
     import te_cudnn.parallel.api as api_mod
 
     saved = ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = _math_fwd, _math_bwd, _math_attend
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = math_fwd, math_bwd, _math_attend
     try:
         outs = simulate_context_parallel(*parts, comm, qkv_format=fmt, attn_mask_type=mask, window_size=window)
     except (UnsupportedConfigError, ValueError, TypeError) as exc:
@@ -334,6 +291,35 @@ def test_every_call_runs_or_declines_with_a_reason(cp, comm, fmt, mask, s_local,
     assert len(outs) == cp and all(o.shape == parts[0][0].shape and o.dtype == dtype for o in outs)
     assert all(torch.isfinite(o.float()).all() for o in outs)
     if comm == "p2p":
-        want = _full_reference(*full, torch.zeros_like(full[0]), mask, fmt)[0]
+        full_window = (-1, -1) if window is None else (window[0], 0 if mask == "causal" else window[1])
+        want = _full_reference(*full, torch.zeros_like(full[0]), mask, fmt, full_window)[0]
         err = (unshard(outs, fmt).double() - want).abs().max().item()
         assert err <= 2e-2 * max(1.0, want.abs().max().item()), err
+
+
+def test_a2a_hands_each_rank_an_aligned_copy_of_its_sink_logits(monkeypatch):
+    """h / cp = 2 logits per rank: the head slice of every odd rank starts 8 bytes into the
+    [1, h, 1, 1] fp32 tensor, which cuDNN cannot read (16-byte rule); each rank gets a copy,
+    and the gradients of the copies reach the shared logits."""
+    import te_cudnn.parallel.api as api_mod
+
+    seen = []
+
+    def attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, pad_q=None, pad_kv=None,
+               softmax_offset=None):  # fmt: skip
+        seen.append(softmax_offset)
+        assert softmax_offset.data_ptr() % 16 == 0 and softmax_offset.shape == (1, 2, 1, 1)
+        out = _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts)
+        return out * softmax_offset.sum().to(out.dtype)
+
+    monkeypatch.setattr(api_mod, "attend", attend)
+    cp, h, b, s, d = 4, 8, 1, 8 * 4, 16
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(b, s, h, d, generator=g).bfloat16() for _ in range(3))
+    offset = torch.randn(1, h, 1, 1, generator=g).requires_grad_()
+    parts = [[shard(t, cp, r, "bshd") for r in range(cp)] for t in (q, k, v)]
+    outs = simulate_context_parallel(*parts, "a2a", qkv_format="bshd", attn_mask_type="no_mask",
+                                     softmax_type="learnable", softmax_offset=offset)  # fmt: skip
+    sum(o.float().sum() for o in outs).backward()
+    assert len(seen) == cp
+    assert offset.grad is not None and torch.all(offset.grad != 0)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Context parallelism on a machine with two GPUs; logs and JUnit XML go to the folder named by
+# Context parallelism on a machine with two GPUs (four: also cp=4 and a2a+p2p at 2 x 2); logs and JUnit XML go to the folder named by
 # the LOG_DIR environment variable (default ./gpu-logs):
 #   bash tools/cp_suite.sh
-# 1) the one-GPU CP tests and the two-GPU test (torchrun tests/cp_two_gpu.py through pytest),
+# 1) the one-GPU CP tests and the two-GPU test (torchrun tests/cp_two_gpu.py through pytest; with
+#    four GPUs also --nproc-per-node 4: 31 PASS lines),
 # 2) examples/context_parallel.py under torchrun at S = 32K, 64K, 128K (p2p and a2a, one-GPU
 #    comparison, --fit), 3) the same sizes with --alone 2 (one rank without communication).
 set -uo pipefail

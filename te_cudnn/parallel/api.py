@@ -14,15 +14,22 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..autograd import AttnOptions, _readable_grad, attend, attend_fp8
+from ..config.checks import check_softmax_offset
+from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
-from .ring import DenseTiles, RingSpec, ThdTiles, backward_program, draw_rng_states, forward_program
-from .transport import AllToAll, group_info, run_loopback, run_on_group, run_simulated
+from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
+from .hierarchical import a2a_p2p_attention, check_layout, grid_groups
+from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, backward_program, draw_rng_states, forward_program
+from .ring_sink import add_sink, sink_grad, sink_logits
+from .schedule import ring_window, single_key_tiles
+from .transport import (AllToAll, LoopbackAllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
+                        reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
 
 __all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
-           "ring_rank_alone"]
+           "ring_rank_alone", "a2a_rank_alone"]
 
-_COMM_TYPES = ("p2p", "a2a")
+_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 _DENSE_MASKS = ("no_mask", "causal")
 _THD_MASKS = {"padding": "padding", "padding_causal": "padding_causal", "no_mask": "padding", "causal": "padding_causal"}
 
@@ -72,8 +79,10 @@ def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, dete
                      bias_type, softmax_type, fp8_meta is not None)  # fmt: skip
 
 
-def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[str]:
-    """Why a context-parallel call cannot run (empty: it can). Reads shapes only (no sync)."""
+def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       layout: Optional[tuple[int, int]] = None) -> list[str]:  # fmt: skip
+    """Why a context-parallel call cannot run (empty: it can). Reads shapes only (no sync).
+    ``layout``: ``(a2a group size, p2p group size)`` for ``"a2a+p2p"`` (default ``(1, cp)``)."""
     why = []
     masks = tuple(_THD_MASKS.values()) if o.fmt == "thd" else _DENSE_MASKS
     if o.mask not in masks:
@@ -94,23 +103,98 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
         if o.causal and q.shape[seq] != k.shape[seq]:
             why.append(f"causal attention needs as many queries as keys per rank, got {q.shape[seq]} and {k.shape[seq]}")
     if o.comm == "p2p":
-        why += _p2p_reasons(o)
+        why += _p2p_reasons(o, cp, q.shape[seq], k.shape[seq])
+    elif o.comm == "all_gather":
+        why += _all_gather_reasons(o, q.shape[seq], k.shape[seq])
+    elif o.comm == "a2a+p2p":
+        why += _a2a_p2p_reasons(o, layout or (1, cp), q, k, seq)
     elif q.shape[-2] % cp or k.shape[-2] % cp:
         why.append(f"a2a splits heads over the ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by "
                    f"cp={cp} (use cp_comm_type='p2p')")  # fmt: skip
     return why
 
 
-def _p2p_reasons(o: CpOptions) -> list[str]:
+def _p2p_reasons(o: CpOptions, cp: int, s_q: int, s_kv: int) -> list[str]:
     why = []
     if o.bias_type != "no_bias":
         why.append(f"p2p: attn_bias_type={o.bias_type!r} is not split along the ring (use cp_comm_type='a2a')")
-    if o.window not in ((-1, -1), (-1, 0)):
-        why.append(f"p2p: window_size={o.window} (sliding windows) is not supported (use cp_comm_type='a2a')")
-    if o.softmax_type != "vanilla":
-        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) is not supported (use cp_comm_type='a2a')")
     if o.fp8:
-        why.append("p2p: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+        why.append("p2p: FP8 (fp8_meta) is not supported: every ring step's output and gradients would need "
+                   "their own per-step scales and amaxes (TransformerEngine's per-step quantizer copies, dequantized "
+                   "for the fp32 merge, amaxes reduced over the group), which the ring does not keep; use "
+                   "cp_comm_type='a2a' (one FP8 attention over whole sequences)")  # fmt: skip
+    sink = o.softmax_type != "vanilla"
+    if sink and o.fmt == "thd":
+        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) with qkv_format='thd' is not supported "
+                   f"(the sink is folded in after the ring, but the THD ring has no CPU check of it yet; use "
+                   f"cp_comm_type='a2a')")  # fmt: skip
+    if sink and o.dropout:
+        why.append(f"p2p: softmax_type={o.softmax_type!r} (attention sinks) with dropout={o.dropout} is not checked "
+                   f"against a reference yet (use cp_comm_type='a2a')")  # fmt: skip
+    if o.window in ((-1, -1), (-1, 0)):
+        return why
+    if o.fmt == "thd":
+        why.append(f"p2p: window_size={o.window} (sliding windows) with qkv_format='thd' is not supported (the ring "
+                   f"skips tiles by dense chunk geometry only; use cp_comm_type='a2a')")  # fmt: skip
+        return why
+    if o.causal and o.window[1] not in (-1, 0):
+        why.append(f"p2p: window_size={o.window} has right={o.window[1]} but a causal mask allows no keys right "
+                   f"of the diagonal (use right=0 or -1)")  # fmt: skip
+        return why
+    window = ring_window(o.window, o.causal, cp * s_kv)
+    if window is None:
+        return why
+    if s_q != s_kv:
+        why.append(f"p2p: a sliding window needs as many queries as keys per rank, got {s_q} and {s_kv}")
+    if o.dropout:
+        why.append(f"p2p: dropout={o.dropout} with window_size={o.window}: cuDNN takes no dropout with a sliding "
+                   f"window")  # fmt: skip
+    if s_q == s_kv and s_q % 2 == 0 and single_key_tiles(cp, s_q // 2, window):
+        why.append(f"p2p: window_size={o.window} with chunks of {s_q // 2} tokens (S / (2 cp)) reaches some chunk "
+                   f"pair in a single query-key pair (a bound of 1 more than a multiple of the chunk length), and "
+                   f"cuDNN has no sq = skv = 1 backward (use cp_comm_type='all_gather' or 'a2a', or another "
+                   f"window or cp)")  # fmt: skip
+    return why
+
+
+def _a2a_p2p_reasons(o: CpOptions, layout: tuple[int, int], q: torch.Tensor, k: torch.Tensor, seq: int) -> list[str]:
+    """The a2a level splits heads; the ring then runs over the p2p group on the group's whole
+    (A times longer) shares, so it declines what the p2p ring declines at that size."""
+    a2a, p2p = layout
+    why = []
+    if q.shape[-2] % a2a or k.shape[-2] % a2a:
+        why.append(f"a2a+p2p splits heads over the a2a group: h={q.shape[-2]} and hg={k.shape[-2]} must be "
+                   f"divisible by its size {a2a} (use cp_comm_type='p2p', or a smaller a2a group)")  # fmt: skip
+    ring = _p2p_reasons(o, p2p, a2a * q.shape[seq], a2a * k.shape[seq])
+    return why + [f"a2a+p2p runs the p2p ring over the p2p group ({p2p} ranks) and inherits its limits: "
+                  f"{r.removeprefix('p2p: ')}" for r in ring]  # fmt: skip
+
+
+def _all_gather_reasons(o: CpOptions, s_q: int, s_kv: int) -> list[str]:
+    why = []
+    if o.fmt == "thd":
+        why.append("all_gather: qkv_format='thd' is not supported (it needs per-sequence visible key lengths "
+                   "over the gathered, reordered THD keys and a THD stand-in kernel to check it on CPU; use "
+                   "cp_comm_type='p2p' for padding/padding_causal, or 'a2a' for THD with windows or "
+                   "sinks)")  # fmt: skip
+    if o.bias_type != "no_bias":
+        why.append(f"all_gather: attn_bias_type={o.bias_type!r} is not sliced per chunk (use cp_comm_type='a2a')")
+    if o.fp8:
+        why.append("all_gather: FP8 (fp8_meta) is not supported (use cp_comm_type='a2a')")
+    windowed = o.window[0] >= 0 or (o.window[1] >= 0 and not o.causal)
+    if o.causal and o.window[1] not in (-1, 0):
+        why.append(f"all_gather: window_size={o.window} has right={o.window[1]} but a causal mask allows no keys "
+                   f"right of the diagonal (use right=0 or -1)")  # fmt: skip
+    if windowed and s_q != s_kv:
+        why.append(f"all_gather: a sliding window needs as many queries as keys per rank, got {s_q} and {s_kv}")
+    if o.dropout and (o.causal or windowed):
+        why.append(f"all_gather: dropout={o.dropout} with a causal mask or sliding window: each chunk's call is "
+                   f"bottom-right aligned with fewer queries than keys, and cuDNN takes no dropout there (use "
+                   f"cp_comm_type='p2p' for causal attention with dropout)")  # fmt: skip
+    if (o.causal or windowed) and s_q == 2:
+        why.append("all_gather: one token per chunk (2 per rank) with a causal mask or sliding window: a chunk's "
+                   "call would have one query row, for which cuDNN has no sink and no sq = skv = 1 backward (use "
+                   "at least 2 tokens per chunk)")  # fmt: skip
     return why
 
 
@@ -120,19 +204,25 @@ class _RingJob:
     tiles: tuple[Any, ...]
     rng_states: tuple[Optional[torch.Tensor], ...]
     run: Callable[[list], list]
+    softmax_type: str = "vanilla"
 
 
 class _RingAttn(torch.autograd.Function):
     """The ring over the listed ranks (one on a process group, all ``cp`` in a simulation):
-    ``_RingAttn.apply(job, *qs, *ks, *vs) -> outs``."""
+    ``_RingAttn.apply(job, softmax_offset, *qs, *ks, *vs) -> outs``; differentiable in q, k, v
+    and (``learnable``: summed over the listed ranks) the sink logits."""
 
     @staticmethod
-    def forward(ctx, job: _RingJob, *tensors: torch.Tensor):
+    def forward(ctx, job: _RingJob, offset: Optional[torch.Tensor], *tensors: torch.Tensor):
         n = len(job.specs)
         qs, ks, vs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
         results = job.run([forward_program(*a) for a in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states)])
+        sink = sink_logits(job.softmax_type, offset, qs[0].shape[-2], qs[0].device)
+        if sink is not None:  # once per row, after every block (te_cudnn.parallel.ring_sink)
+            for (acc, lse, *_), spec in zip(results, job.specs):
+                add_sink(acc, lse, sink, spec.fmt)
         outs = tuple(acc.to(q.dtype) for (acc, *_), q in zip(results, qs))
-        ctx.job, ctx.aux = job, [r[1:] for r in results]  # (lse, rng states, last key/value packet) per rank
+        ctx.job, ctx.sink, ctx.aux = job, sink, [r[1:] for r in results]  # (lse, rng states, last packet) per rank
         ctx.save_for_backward(*qs, *ks, *vs, *outs)
         return outs
 
@@ -141,13 +231,22 @@ class _RingAttn(torch.autograd.Function):
         job, n, saved = ctx.job, len(ctx.job.specs), ctx.saved_tensors
         qs, ks, vs, outs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n], saved[3 * n :]
         d_outs = [torch.zeros_like(o) if d is None else _readable_grad(d) for d, o in zip(d_outs, outs)]
-        programs = [backward_program(s, t, q, k, v, o, d, *aux)
-                    for s, t, q, k, v, o, d, aux in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, ctx.aux)]  # fmt: skip
+        if len(ctx.aux[0]) < 3:
+            raise RuntimeError("the p2p ring's backward runs once: it frees the forward's last key/value block as it "
+                               "goes (retain_graph=True is not supported for cp_comm_type='p2p')")  # fmt: skip
+        aux, ctx.aux = ctx.aux, [a[:1] for a in ctx.aux]  # the programs own the last blocks (freed as they go)
+        programs = [backward_program(s, t, q, k, v, o, d, *a)
+                    for s, t, q, k, v, o, d, a in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, aux)]  # fmt: skip
+        del aux
         grads = job.run(programs)
         dqs = [g[0].to(q.dtype) for g, q in zip(grads, qs)]
         dks = [g[1].to(k.dtype) for g, k in zip(grads, ks)]
         dvs = [g[2].to(v.dtype) for g, v in zip(grads, vs)]
-        return (None, *dqs, *dks, *dvs)
+        d_offset = None
+        if ctx.needs_input_grad[1] and job.softmax_type == "learnable":
+            d_offset = sum(sink_grad(o, d, aux[0], ctx.sink, s.fmt)
+                           for o, d, aux, s in zip(outs, d_outs, ctx.aux, job.specs))  # fmt: skip
+        return (None, d_offset, *dqs, *dks, *dvs)
 
 
 @dataclass(frozen=True)
@@ -161,17 +260,45 @@ class _Call:
     max_seqlen: tuple[Optional[int], Optional[int]]
     rng_gen: Optional[torch.Generator]
 
-    def ring(self, qs, ks, vs, run: Callable[[list], list]) -> list[torch.Tensor]:
+    def ring(self, qs, ks, vs, run: Callable[[list], list], softmax_offset: Optional[torch.Tensor] = None,
+             shared: Callable[[Any], Any] = lambda t: t, rng_shift: int = 0) -> list[torch.Tensor]:  # fmt: skip
+        """The p2p ring of the listed ranks (checks the sink before any exchange). ``rng_shift``
+        is added to the dropout seeds (rings of an a2a+p2p grid draw independent masks)."""
         o = self.o
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
+                             qs[0].shape[-2], qs[0])  # fmt: skip
         specs = tuple(RingSpec(self.cp, r, o.fmt, o.causal, o.attn_scale, o.dropout, o.deterministic) for r in self.ranks)
         tiles = tuple(self._tiles(s, q, k) for s, q, k in zip(specs, qs, ks))
         rngs = tuple(draw_rng_states(s, q.device, self.rng_gen) if o.dropout else None for s, q in zip(specs, qs))
-        return list(_RingAttn.apply(_RingJob(specs, tiles, rngs, run), *qs, *ks, *vs))
+        if rng_shift:
+            rngs = tuple(None if r is None else r + torch.tensor([rng_shift, 0], device=r.device) for r in rngs)
+        job = _RingJob(specs, tiles, rngs, run, o.softmax_type)
+        return list(_RingAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
+
+    def a2a_p2p(self, qs, ks, vs, layout: tuple[int, int], exchange, run: Callable[[list], list],
+                ring_ranks: tuple[int, ...], groups: tuple, softmax_offset: Optional[torch.Tensor],
+                shared: Callable[[Any], Any]) -> list[torch.Tensor]:  # fmt: skip
+        """Hierarchical attention of the listed ranks (:mod:`te_cudnn.parallel.hierarchical`):
+        ``exchange`` is one a2a group's all-to-all, ``run`` one ring's driver over the ring
+        ranks ``ring_ranks``, ``groups`` the listed ranks' ``(a2a blocks, rings)``. The sink
+        logits are checked (all heads) before any exchange; each ring gets its heads' logits."""
+        o, (n_a2a, n_p2p), h = self.o, layout, qs[0].shape[-2]
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset, h, qs[0])
+        offset, ring_call = shared(softmax_offset), replace(self, cp=n_p2p, ranks=ring_ranks)
+
+        def ring(a: int, rq, rk, rv) -> list[torch.Tensor]:
+            sink = head_slice(offset, 1, n_a2a, a, h)  # a copy: cuDNN-aligned and contiguous for the ring's check
+            return ring_call.ring(rq, rk, rv, run, None if sink is None else sink.clone(), rng_shift=a * n_p2p)
+
+        return a2a_p2p_attention(ring, qs, ks, vs, n_a2a, n_p2p, o.fmt, self.cu[2:], exchange, *groups)
 
     def _tiles(self, spec: RingSpec, q: torch.Tensor, k: torch.Tensor):
         if spec.fmt != "thd":
             dim = 1 if spec.fmt == "bshd" else 0
-            return DenseTiles(spec, q.shape[dim], k.shape[dim])
+            window = ring_window(self.o.window, spec.causal, k.shape[dim] * self.cp)
+            if window is None:
+                return DenseTiles(spec, q.shape[dim], k.shape[dim])
+            return WindowTiles(spec, q.shape[dim], window)
         max_q, max_kv = (m if m is not None else t.shape[0] * self.cp for m, t in zip(self.max_seqlen, (q, k)))
         return ThdTiles.build(spec, q, k, *self.cu, max_q, max_kv)
 
@@ -190,19 +317,42 @@ class _Call:
         def attn(rank: int, q, k, v) -> torch.Tensor:
             if fp8_meta is not None:
                 return attend_fp8(q, k, v, fp8_meta, cu_q, cu_kv, max_q, max_kv, replace(opts, attn_bias_type="no_bias"))
+            sink = head_slice(offset, 1, cp, rank, h)  # copied: a slice of h / cp logits may start off 16 bytes
             return attend(q, k, v, head_slice(bias, 1, cp, rank, h), cu_q, cu_kv, max_q, max_kv, True, self.rng_gen,
-                          opts, pad_q, pad_kv, softmax_offset=head_slice(offset, 1, cp, rank, h))  # fmt: skip
+                          opts, pad_q, pad_kv, softmax_offset=None if sink is None else sink.clone())  # fmt: skip
 
         return a2a_attention(attn, self.ranks, qs, ks, vs, cp, o.fmt, (pad_q, pad_kv), exchange)
 
+    def all_gather(self, qs, ks, vs, gather, reduce_scatter, softmax_offset, shared) -> list[torch.Tensor]:
+        """The all-gather attention of the listed ranks (checks the sink before any collective)."""
+        o, seq = self.o, 1 if self.o.fmt == "bshd" else 0
+        check_softmax_offset(SoftmaxType.coerce(o.softmax_type, argument="softmax_type"), softmax_offset,
+                             qs[0].shape[-2], qs[0])  # fmt: skip
+        window = (o.window[0], 0) if o.causal else o.window
+        spec = AgSpec(self.cp, o.fmt, o.causal, window, o.attn_scale, o.dropout, o.deterministic, o.softmax_type)
+        tiles = tuple(plan_tiles(spec, r, q.shape[seq], k.shape[seq]) for r, q, k in zip(self.ranks, qs, ks))
+        rngs = tuple(_ag_rng_states(r, len(t), q.device, self.rng_gen) if o.dropout else None
+                     for r, t, q in zip(self.ranks, tiles, qs))  # fmt: skip
+        job = AgJob(spec, self.ranks, tiles, rngs, gather, reduce_scatter)
+        return list(AllGatherAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
 
-def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple) -> None:
-    why = cp_decline_reasons(opts, cp, q, k, v)
+
+def _ag_rng_states(rank: int, tiles: int, device: torch.device, gen: Optional[torch.Generator]) -> torch.Tensor:
+    """[tiles, 2] int64 Philox (seed, offset) per call, drawn on the device; the rank is added to
+    the seeds so ranks with equal generators draw independent masks (as the ring does)."""
+    states = torch.randint(0, 1 << 62, (tiles, 2), dtype=torch.int64, device=device, generator=gen)
+    states[:, 0] += rank
+    return states
+
+
+def _prepare(q, k, v, cp: int, opts: CpOptions, cu: tuple, max_seqlen: tuple, layout) -> None:
+    why = cp_decline_reasons(opts, cp, q, k, v, layout)
     if opts.fmt == "thd" and (cu[0] is None or cu[2] is None):
         why.append("qkv_format='thd' needs the global cu_seqlens_q and cu_seqlens_q_padded (every padded length a "
                    "multiple of 2 * cp; te_cudnn.parallel.pad_cu_seqlens makes them)")  # fmt: skip
     if why:
-        raise UnsupportedConfigError(f"context-parallel attention (cp={cp}, cp_comm_type={opts.comm!r}, "
+        grid = "" if layout is None else f" as (a2a, p2p) = {tuple(layout)}"
+        raise UnsupportedConfigError(f"context-parallel attention (cp={cp}{grid}, cp_comm_type={opts.comm!r}, "
                                      f"qkv_format={opts.fmt!r}, attn_mask_type={opts.mask!r})",
                                      {f"cp_comm_type={opts.comm!r}": why})  # fmt: skip
 
@@ -219,13 +369,15 @@ def _setup(q, k, v, cp: int, ranks: tuple[int, ...], cp_comm_type: str = "p2p", 
            attn_mask_type: str = "causal", cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
            cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_scale=None, dropout=0.0,
            deterministic=False, window_size=None, attn_bias=None, attn_bias_type=None, softmax_type="vanilla",
-           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None) -> tuple[_Call, tuple]:  # fmt: skip
-    """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors."""
+           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None,
+           layout=None) -> tuple[_Call, tuple]:  # fmt: skip
+    """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors.
+    ``layout``: the ``(a2a, p2p)`` group sizes of ``"a2a+p2p"``."""
     training = torch.is_grad_enabled() if is_training is None else bool(is_training)
     opts = _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size,
                     attn_bias, attn_bias_type, softmax_type, fp8_meta, training)  # fmt: skip
     cu = _cu_tuple(opts.fmt, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv))
+    _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv), layout)
     return _Call(opts, cp, ranks, cu, (max_seqlen_q, max_seqlen_kv), rng_gen), (attn_bias, softmax_offset, fp8_meta)
 
 
@@ -245,12 +397,28 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     stream, overlapped with each step's attention), outputs merge by their log-sum-exp in fp32;
     the backward sends key/value blocks with their fp32 gradients the other way. Masks
     ``no_mask``/``causal`` (``padding``/``padding_causal`` for THD), MHA/GQA, ``d_qk != d_v``,
-    dropout (a fresh Philox state per step and rank, replayed by the backward), ``deterministic``.
+    dropout (a fresh Philox state per step and rank, replayed by the backward), ``deterministic``;
+    for ``bshd``/``sbhd``, sliding windows (each step computes only the chunk pairs the window
+    reaches; blocks still travel the whole ring) and ``softmax_type``/``softmax_offset`` (the sink
+    folded in once per row after the ring; the learnable sink's gradient summed over the group),
+    neither with dropout.
     ``"a2a"`` (Ulysses): all-to-all to whole sequences of ``h / cp`` heads, one local te_cudnn
     attention with all its features (``attn_bias`` ``[1|b, 1|h, S, S]`` over global positions,
     ``window_size``, ``softmax_type``/``softmax_offset``, ``fp8_meta``), all-to-all back; ``h``
     and ``hg`` must be divisible by ``cp``. Gradients of the bias and sink logits are summed
-    over the group, so every rank holds the full gradient.
+    over the group, so every rank holds the full gradient. ``"all_gather"`` (Llama 3): key/value
+    shares all-gathered once; each of the rank's two query chunks attends, in one fused call, the
+    keys its causal mask or ``window_size`` reaches (a bottom-right aligned slice, nothing more);
+    dK/dV reduce-scattered (fp32) to their owners. ``bshd``/``sbhd``, ``no_mask``/``causal``,
+    sliding windows, ``softmax_type``/``softmax_offset`` (sink gradient summed over the group),
+    MHA/GQA, ``d_qk != d_v``, ``deterministic``; dropout only for ``no_mask`` without a window.
+    ``"a2a+p2p"`` (hierarchical, TransformerEngine's): ``cp_group=[a2a_group, p2p_group]``; the
+    all-to-all of ``"a2a"`` inside the first group (``h`` and ``hg`` divisible by its size),
+    the ``"p2p"`` ring across the second on the head-sharded whole shares of the first group,
+    the all-to-all back (:mod:`te_cudnn.parallel.hierarchical`). Ranks are laid out as
+    TransformerEngine's: the rank at ring position ``p`` and a2a position ``a`` holds the
+    dual-chunk share of ``g = p * A + a`` (``cp = A * P``). It serves what the ring serves at
+    ``P`` ranks (windows and sinks for ``bshd``/``sbhd``, THD without them, no bias, no FP8).
 
     Keyword options: ``qkv_format`` (``"bshd"``, ``"sbhd"``, ``"thd"``), ``attn_mask_type``
     (default ``"causal"``), ``cu_seqlens_q/kv``, ``cu_seqlens_q/kv_padded``,
@@ -264,14 +432,25 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     Raises ``ValueError``/``TypeError`` for malformed arguments and
     :class:`~te_cudnn.UnsupportedConfigError` (with the reasons) before any communication.
+    FP8 (``fp8_meta``) declines under ``"p2p"``, ``"all_gather"`` and ``"a2a+p2p"``: use ``"a2a"``.
     """
+    if cp_comm_type == "a2a+p2p":
+        return _a2a_p2p_on_groups(q, k, v, cp_group, **options)
+    if isinstance(cp_group, (list, tuple)):
+        raise ValueError(f"cp_group is a list of {len(cp_group)}: only cp_comm_type='a2a+p2p' takes groups as a "
+                         f"list ([a2a_group, p2p_group]); got cp_comm_type={cp_comm_type!r}")  # fmt: skip
     cp, rank = group_info(cp_group)
     call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), cp_comm_type, **options)
-    if call.o.comm == "p2p":
-        return call.ring([q], [k], [v], lambda programs: [run_on_group(programs[0], cp_group)])[0]
 
     def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return SumGradOverGroup.apply(t, cp_group) if t is not None and t.requires_grad else t
+
+    if call.o.comm == "p2p":
+        return call.ring([q], [k], [v], lambda programs: [run_on_group(programs[0], cp_group)], offset, shared)[0]
+
+    if call.o.comm == "all_gather":
+        return call.all_gather([q], [k], [v], lambda xs: [all_gather_flat(xs[0], cp_group)],
+                               lambda xs: [reduce_scatter_flat(xs[0], cp_group)], offset, shared)[0]  # fmt: skip
 
     def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [AllToAll.apply(sends[0], cp_group)]
@@ -279,23 +458,67 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return call.ulysses([q], [k], [v], exchange, shared, bias, offset, fp8_meta)[0]
 
 
+def _a2a_p2p_on_groups(q, k, v, cp_group: Any, **options: Any) -> torch.Tensor:
+    """``context_parallel_attention(..., [a2a_group, p2p_group], "a2a+p2p")``: this rank's part
+    of the grid (validated, sink included, before any collective)."""
+    if not isinstance(cp_group, (list, tuple)) or len(cp_group) != 2:
+        raise ValueError(f"cp_comm_type='a2a+p2p' takes cp_group=[a2a_group, p2p_group] (the all-to-all group "
+                         f"first, e.g. the GPUs of one node; the ring's group second), got {cp_group!r}")  # fmt: skip
+    a2a_group, p2p_group = cp_group
+    (n_a2a, a), (n_p2p, p) = group_info(a2a_group), group_info(p2p_group)
+    call, (_, offset, _) = _setup(q, k, v, n_a2a * n_p2p, (p * n_a2a + a,), "a2a+p2p", layout=(n_a2a, n_p2p),
+                                  **options)  # fmt: skip
+
+    def shared(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:  # summed over the a2a group, then the ring's
+        if t is None or not t.requires_grad:
+            return t
+        return SumGradOverGroup.apply(SumGradOverGroup.apply(t, a2a_group), p2p_group)
+
+    def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [AllToAll.apply(sends[0], a2a_group)]
+
+    def run(programs: list) -> list:
+        return [run_on_group(programs[0], p2p_group)]
+
+    groups = ([[0]], [(a, [0])])
+    return call.a2a_p2p([q], [k], [v], (n_a2a, n_p2p), exchange, run, (p,), groups, offset, shared)[0]
+
+
 def simulate_context_parallel(q_parts: Sequence[torch.Tensor], k_parts: Sequence[torch.Tensor],
                               v_parts: Sequence[torch.Tensor], cp_comm_type: str = "p2p",
+                              cp_layout: Optional[tuple[int, int]] = None,
                               **options: Any) -> list[torch.Tensor]:  # fmt: skip
     """:func:`context_parallel_attention` of ``cp = len(q_parts)`` virtual ranks in one process
     (no process group, no NCCL): part ``r`` is rank ``r``'s local tensor, and so is result ``r``.
     The ring runs the same per-rank programs in lockstep and its exchanges become copies; the
     all-to-all becomes stacking. Differentiable. Same keyword options. For tests, and for
-    trying a configuration on one GPU."""
+    trying a configuration on one GPU.
+
+    ``cp_comm_type="a2a+p2p"`` needs ``cp_layout=(A, P)``, the sizes of the a2a group and of
+    the ring (``A * P == cp``): part ``g = p * A + a`` is the rank at ring position ``p`` and
+    a2a position ``a`` (TransformerEngine's global rank order: a2a groups are contiguous
+    blocks ``[pA, pA + A)``, rings are strided); every part still holds the dual-chunk share of
+    ``cp`` (:func:`~te_cudnn.parallel.shard` with ``cp`` and ``g``). Other types take no layout."""
     if not (len(q_parts) == len(k_parts) == len(v_parts)) or not q_parts:
         raise ValueError(f"q_parts, k_parts, v_parts must list the same number (>= 1) of ranks, got "
                          f"{len(q_parts)}, {len(k_parts)}, {len(v_parts)}")  # fmt: skip
     cp = len(q_parts)
+    if cp_comm_type == "a2a+p2p":
+        layout = check_layout(cp_layout, cp)
+    elif cp_layout is not None:
+        raise ValueError(f"cp_layout is for cp_comm_type='a2a+p2p' only, got cp_comm_type={cp_comm_type!r}")
+    else:
+        layout = None
     call, (bias, offset, fp8_meta) = _setup(q_parts[0], k_parts[0], v_parts[0], cp, tuple(range(cp)), cp_comm_type,
-                                            **options)  # fmt: skip
+                                            layout=layout, **options)  # fmt: skip
     qs, ks, vs = list(q_parts), list(k_parts), list(v_parts)
+    if call.o.comm == "a2a+p2p":
+        return call.a2a_p2p(qs, ks, vs, layout, simulated_exchange, run_simulated, tuple(range(layout[1])),
+                            grid_groups(*layout), offset, lambda t: t)  # fmt: skip
     if call.o.comm == "p2p":
-        return call.ring(qs, ks, vs, run_simulated)
+        return call.ring(qs, ks, vs, run_simulated, offset)
+    if call.o.comm == "all_gather":
+        return call.all_gather(qs, ks, vs, all_gather_simulated, reduce_scatter_simulated, offset, lambda t: t)
     return call.ulysses(qs, ks, vs, simulated_exchange, lambda t: t, bias, offset, fp8_meta)
 
 
@@ -307,5 +530,20 @@ def ring_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, 
     rank's, less the communication; the *values* are not attention over a real sequence. For
     sizing (how long a sequence fits per rank, what a step costs) before a multi-GPU run.
     Differentiable; same keyword options as :func:`context_parallel_attention`."""
-    call, _ = _setup(q, k, v, cp, (rank,), "p2p", **options)
-    return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])])[0]
+    call, (_, offset, _) = _setup(q, k, v, cp, (rank,), "p2p", **options)
+    return call.ring([q], [k], [v], lambda programs: [run_loopback(programs[0])], offset)[0]
+
+
+def a2a_rank_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, rank: int = 0,
+                   **options: Any) -> torch.Tensor:  # fmt: skip
+    """One rank of a ``cp``-way a2a (Ulysses) attention on one GPU, without a process group: each
+    all-to-all receives the rank's own send (:class:`~te_cudnn.parallel.transport.LoopbackAllToAll`),
+    so the rank allocates and computes what it would (the whole sequence for ``h / cp`` heads);
+    the *values* are not attention over a real sequence. For sizing, as :func:`ring_rank_alone`.
+    Differentiable; same keyword options as :func:`context_parallel_attention`."""
+    call, (bias, offset, fp8_meta) = _setup(q, k, v, cp, (rank,), "a2a", **options)
+
+    def exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [LoopbackAllToAll.apply(sends[0])]
+
+    return call.ulysses([q], [k], [v], exchange, lambda t: t, bias, offset, fp8_meta)[0]

@@ -11,6 +11,14 @@ key/value gradient travels with its block (zero-initialised at the first rank th
 added to at every hop, kept in fp32) and arrives complete at its owner after ``cp`` steps. The
 last forward block is the first backward block, so the backward starts without communication.
 
+Sliding windows (dense formats, :class:`WindowTiles`): a step makes one fused call per (query
+chunk, key chunk) pair the window reaches (:func:`~te_cudnn.parallel.schedule.window_calls`),
+trimmed to the rectangle it reaches, with the window shifted to that rectangle; pairs out of
+reach are neither computed forward nor backward (a step may launch nothing). Blocks still travel
+the whole ring: every step's send is unchanged. Attention sinks are folded into the merged
+accumulators once, after the ring (:mod:`~te_cudnn.parallel.ring_sink`); the kernels run
+vanilla softmax.
+
 THD batches (packed, each sequence padded to a multiple of ``2 cp``) keep the tensors whole:
 half-sequence sections are described to cuDNN by per-sequence valid lengths and token offsets
 (the second half of every sequence starts ``k_i`` tokens later), so no step copies a tensor.
@@ -26,10 +34,11 @@ import torch
 
 from ..ops import fused_attn_bwd, fused_attn_fwd
 from .partition import thd_valid_lengths
-from .schedule import Section, bwd_origin, fwd_origin, fwd_step_of, section
+from .schedule import Section, WindowCall, bwd_origin, fwd_origin, fwd_step_of, section, window_calls
 from .transport import Post, Wait
 
-__all__ = ["RingSpec", "DenseTiles", "ThdTiles", "forward_program", "backward_program", "draw_rng_states"]
+__all__ = ["RingSpec", "DenseTiles", "WindowTiles", "ThdTiles", "forward_program", "backward_program",
+           "draw_rng_states", "lse_rows"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,7 @@ class RingSpec:
         return f"{self.fmt}_{self.fmt}_{self.fmt}"
 
 
-def _lse_rows(lse: torch.Tensor, fmt: str) -> torch.Tensor:
+def lse_rows(lse: torch.Tensor, fmt: str) -> torch.Tensor:
     """The fp32 stats ([b, h, s, 1]; THD [t, h, 1]) as a view broadcastable to O's rows."""
     if fmt == "bshd":
         return lse.transpose(1, 2)
@@ -65,10 +74,35 @@ def _merge(acc_o: torch.Tensor, acc_lse: torch.Tensor, o_i: torch.Tensor, lse_i:
     w_old = torch.exp(acc_lse - new).nan_to_num_(0.0)  # -inf - -inf: no key seen on either side
     w_new = torch.exp(lse_i - new).nan_to_num_(0.0)
     acc_lse.copy_(new)
-    acc_o.mul_(_lse_rows(w_old, fmt)).addcmul_(o_i, _lse_rows(w_new, fmt))
+    acc_o.mul_(lse_rows(w_old, fmt)).addcmul_(o_i, lse_rows(w_new, fmt))
 
 
-class DenseTiles:
+class _SectionSteps:
+    """One fused call per ring step (the step's section), for :class:`DenseTiles` and
+    :class:`ThdTiles`: the step interface the rank programs use."""
+
+    def forward_step(self, origin: int, q, k, v, rng_state, acc):
+        """Attend to ``origin``'s block and fold the result into ``acc`` (``(O, lse)`` in fp32, or
+        None before the first step); returns the accumulators and the call's rng state."""
+        sect = section(self.spec.rank, origin, self.spec.causal)
+        o_i, lse_i, rng_i = self.forward(sect, origin, q, k, v, rng_state)
+        if acc is None:
+            return self.first(sect, origin, o_i, lse_i), rng_i
+        self.merge(*acc, sect, origin, o_i, lse_i)
+        return acc, rng_i
+
+    def backward_step(self, origin: int, q, k, v, o, d_o, lse, rng_state):
+        """The gradients of ``origin``'s block (added by :meth:`add_step` once the travelling
+        key/value gradient has arrived)."""
+        sect = section(self.spec.rank, origin, self.spec.causal)
+        return sect, self.backward(sect, origin, q, k, v, o, d_o, lse, rng_state)
+
+    def add_step(self, pending, dq_acc, dk_acc, dv_acc) -> None:
+        sect, grads = pending
+        self.add_grads(sect, dq_acc, dk_acc, dv_acc, *grads)
+
+
+class DenseTiles(_SectionSteps):
     """Sections of bshd/sbhd tensors: halves are strided views along the sequence dim."""
 
     def __init__(self, spec: RingSpec, s_q: int, s_kv: int):
@@ -118,6 +152,67 @@ class DenseTiles:
         self._kv(dv_acc, sect).add_(dv)
 
 
+class WindowTiles:
+    """Sliding-window steps of bshd/sbhd tensors (the calls of
+    :func:`~te_cudnn.parallel.schedule.window_calls`): each step attends only the (query chunk,
+    key chunk) pairs the window reaches, each trimmed to the rectangle it reaches and masked by
+    the window shifted to the rectangle (top-left; the rectangles are square). A pair the window
+    does not reach is not computed; a step no pair of which is reached launches nothing. The
+    key/value blocks still travel the whole ring (rank ``r + 1``'s block, which a window that
+    reaches past a chunk needs, arrives last). Accumulators start at zero / ``-inf``, so rows a
+    step does not reach keep their values."""
+
+    def __init__(self, spec: RingSpec, s_q: int, window: tuple[int, int]):
+        self.spec, self.window = spec, window
+        self.dim, self.c = (1 if spec.fmt == "bshd" else 0), s_q // 2
+
+    def calls(self, origin: int) -> tuple[WindowCall, ...]:
+        return window_calls(self.spec.cp, self.spec.rank, origin, self.c, self.window)
+
+    def _options(self, call: WindowCall) -> dict[str, Any]:
+        s = self.spec
+        mask = "causal" if call.window[1] == 0 else "no_mask"
+        return dict(attn_scale=s.attn_scale, dropout=s.dropout, qkv_layout=s.layout, attn_mask_type=mask,
+                    window_size=call.window, bottom_right_diagonal=False)  # fmt: skip
+
+    def _views(self, call: WindowCall, q, k, v, *rows):
+        kv = [t.narrow(self.dim, call.kv_start, call.kv_len) for t in (k, v)]
+        return [t.narrow(self.dim, call.q_start, call.q_len) for t in (q, *rows)], kv
+
+    def forward_step(self, origin: int, q, k, v, rng_state, acc):
+        if acc is None:
+            b, h = (q.shape[0], q.shape[2]) if self.spec.fmt == "bshd" else (q.shape[1], q.shape[2])
+            acc_o = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)
+            acc = acc_o, torch.full((b, h, q.shape[self.dim], 1), float("-inf"), device=q.device)
+        rng_i = None
+        for call in self.calls(origin):
+            (qq, oo), (kk, vv) = self._views(call, q, k, v, acc[0])
+            out, aux = fused_attn_fwd(True, call.q_len, call.kv_len, None, None, qq, kk, vv, q.dtype,
+                                      rng_state=rng_state, **self._options(call))  # fmt: skip
+            _merge(oo, acc[1].narrow(2, call.q_start, call.q_len), out, aux[0], self.spec.fmt)
+            rng_i = aux[1]
+        return acc, rng_i
+
+    def backward_step(self, origin: int, q, k, v, o, d_o, lse, rng_state):
+        grads = []
+        for call in self.calls(origin):
+            (qq, oo, dd), (kk, vv) = self._views(call, q, k, v, o, d_o)
+            stats = lse.narrow(2, call.q_start, call.q_len).contiguous()
+            dq, dk, dv, _, _ = fused_attn_bwd(
+                call.q_len, call.kv_len, None, None, qq, kk, vv, oo, dd, q.dtype, [stats, rng_state],
+                deterministic=self.spec.deterministic, **self._options(call),
+            )  # fmt: skip
+            grads.append((call, dq, dk, dv))
+        return grads
+
+    def add_step(self, pending, dq_acc, dk_acc, dv_acc) -> None:
+        for call, dq, dk, dv in pending:
+            (dq_view,), (dk_view, dv_view) = self._views(call, dq_acc, dk_acc, dv_acc)
+            dq_view.add_(dq)
+            dk_view.add_(dk)
+            dv_view.add_(dv)
+
+
 def _cu(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
@@ -150,7 +245,7 @@ class _ThdSide:
         return self._memo[key]
 
 
-class ThdTiles:
+class ThdTiles(_SectionSteps):
     """Sections of THD tensors: whole tensors, halves chosen by lengths and token offsets."""
 
     def __init__(self, spec: RingSpec, q_side: _ThdSide, kv_side: _ThdSide, max_q: int, max_kv: int):
@@ -250,31 +345,28 @@ def forward_program(spec: RingSpec, tiles, q, k, v, rng_states: Optional[torch.T
     cp, r = spec.cp, spec.rank
     packet = _packet(k, v) if cp > 1 else None
     block = (k, v)  # step 0 attends to the rank's own block as given (no copy)
-    acc_o = acc_lse = None
-    rngs: list[torch.Tensor] = []
+    acc = None
+    rngs: list[Optional[torch.Tensor]] = []
     for i in range(cp):
         handle = None
         if i < cp - 1:
             incoming = torch.empty_like(packet)
             handle = yield Post((packet,), (incoming,), forward=True)
         origin = fwd_origin(cp, r, i)
-        sect = section(r, origin, spec.causal)
-        o_i, lse_i, rng_i = tiles.forward(sect, origin, q, *block, None if rng_states is None else rng_states[i])
+        acc, rng_i = tiles.forward_step(origin, q, *block, None if rng_states is None else rng_states[i], acc)
         rngs.append(rng_i)
-        if acc_o is None:
-            acc_o, acc_lse = tiles.first(sect, origin, o_i, lse_i)
-        else:
-            tiles.merge(acc_o, acc_lse, sect, origin, o_i, lse_i)
         if i < cp - 1:
             yield Wait(handle)
             packet = incoming
             block = _unpack(packet, k.shape, v.shape)
-    return acc_o, acc_lse, rngs, packet
+    return acc[0], acc[1], rngs, packet
 
 
 def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
-    """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's).
-    Returns fp32 (dq, dk, dv) of the rank's own tokens."""
+    """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's);
+    the caller hands over its reference, so each block is freed once its step is done (two
+    blocks alive at most: the one attended and the one arriving). Returns fp32 (dq, dk, dv) of
+    the rank's own tokens."""
     cp, r = spec.cp, spec.rank
     block = (k, v) if cp == 1 else _unpack(packet, k.shape, v.shape)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -289,14 +381,13 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
             dkv = torch.empty_like(outgoing)
             sends.append(outgoing), recvs.append(dkv)
         handle = (yield Post(tuple(sends), tuple(recvs), forward=False)) if sends else None
-        sect = section(r, origin, spec.causal)
-        rng = rngs[fwd_step_of(cp, r, origin)]
-        grads = tiles.backward(sect, origin, q, *block, o, d_o, lse, rng)
+        pending = tiles.backward_step(origin, q, *block, o, d_o, lse, rngs[fwd_step_of(cp, r, origin)])
         if sends:
             yield Wait(handle)
         if i == 0:
             dkv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=k.device)
-        tiles.add_grads(sect, dq_acc, *_unpack(dkv, k.shape, v.shape), *grads)
+        tiles.add_step(pending, dq_acc, *_unpack(dkv, k.shape, v.shape))
+        pending = None  # the step's gradients are added: free them before the next step's kernel
         outgoing = dkv
         if i < cp - 1:
             packet = nxt

@@ -14,6 +14,9 @@ from the other) and :class:`Wait` (the received tensors are needed now). A drive
   NCCL, testable on one GPU.
 
 All-to-all (Ulysses) goes through :class:`AllToAll`, a differentiable ``all_to_all_single``.
+All-gather context parallelism uses two plain collectives on flat buffers,
+:func:`all_gather_flat` and :func:`reduce_scatter_flat`, and their single-process stand-ins
+:func:`all_gather_simulated` and :func:`reduce_scatter_simulated`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any, Generator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all"]
+__all__ = ["Post", "Wait", "run_on_group", "run_simulated", "run_loopback", "group_info", "AllToAll", "all_to_all",
+           "LoopbackAllToAll",
+           "all_gather_flat", "reduce_scatter_flat", "all_gather_simulated", "reduce_scatter_simulated"]
 
 
 @dataclass
@@ -65,14 +70,26 @@ def run_on_group(program: RankProgram, group: Any) -> Any:
         except StopIteration as done:
             return done.value
         if isinstance(msg, Post):
-            to, frm = (nxt, prev) if msg.forward else (prev, nxt)
-            ops = [dist.P2POp(dist.isend, t, to, group) for t in msg.sends]
-            ops += [dist.P2POp(dist.irecv, t, frm, group) for t in msg.recvs]
-            reply = dist.batch_isend_irecv(ops)
+            reply = _post(msg, nxt, prev, group)
         else:
             for work in msg.handle:
                 work.wait()  # NCCL: the current stream waits, the host does not
             reply = None
+
+
+def _post(msg: Post, nxt: int, prev: int, group: Any) -> list:
+    """One ``batch_isend_irecv``. No reference to the tensors outlives it here (the work keeps
+    them until it completes), so a driver never holds a step's buffers into the next step."""
+    to, frm = (nxt, prev) if msg.forward else (prev, nxt)
+    ops = [dist.P2POp(dist.isend, t, to, group) for t in msg.sends]
+    ops += [dist.P2POp(dist.irecv, t, frm, group) for t in msg.recvs]
+    return dist.batch_isend_irecv(ops)
+
+
+def _copy_into(recvs: Sequence[torch.Tensor], sends: Sequence[torch.Tensor]) -> None:
+    """The received tensors copied from the sent ones (no loop variable keeps one alive)."""
+    for recv, send in zip(recvs, sends):
+        recv.copy_(send)
 
 
 def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
@@ -99,8 +116,9 @@ def run_simulated(programs: Sequence[RankProgram]) -> list[Any]:
                 if len(src.sends) != len(msg.recvs):
                     raise RuntimeError("simulated ring: a rank receives a different number of tensors than its "
                                        "neighbour sends")  # fmt: skip
-                for recv, send in zip(msg.recvs, src.sends):
-                    recv.copy_(send)
+                _copy_into(msg.recvs, src.sends)
+            msg = src = None
+        msgs = None  # type: ignore[assignment]  # no step's buffers held into the next step
         replies = [None] * cp
 
 
@@ -115,9 +133,8 @@ def run_loopback(program: RankProgram) -> Any:
         except StopIteration as done:
             return done.value
         if isinstance(msg, Post):
-            for recv, send in zip(msg.recvs, msg.sends):
-                recv.copy_(send)
-        reply = None
+            _copy_into(msg.recvs, msg.sends)
+        msg = reply = None
 
 
 def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -140,3 +157,57 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], None]:
         return all_to_all(grad, ctx.group), None
+
+
+class LoopbackAllToAll(torch.autograd.Function):
+    """:class:`AllToAll` of one rank alone: it allocates what :func:`all_to_all` does (a contiguous
+    send, a receive buffer) and receives its own send back, both ways (for sizing on one GPU)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        return torch.empty_like(x).copy_(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        return torch.empty_like(grad).copy_(grad)
+
+
+def all_gather_flat(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` ``[n]`` on every rank -> ``[cp, n]`` whose row ``i`` came from rank ``i``
+    (``all_gather_into_tensor`` on NCCL; a list all-gather on other backends, e.g. gloo)."""
+    cp, _ = group_info(group)
+    x = x.contiguous()
+    out = x.new_empty((cp, *x.shape))
+    if dist.get_backend(group) == "nccl":
+        dist.all_gather_into_tensor(out, x, group=group)
+    else:
+        dist.all_gather(list(out.unbind(0)), x, group=group)
+    return out
+
+
+def reduce_scatter_flat(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` ``[cp, n]`` on every rank (row ``i`` is meant for rank ``i``) -> ``[n]``: the sum over
+    ranks of the rows meant for this one (``reduce_scatter_tensor`` on NCCL; an all-reduce and
+    this rank's row on backends without reduce-scatter, e.g. gloo)."""
+    _, rank = group_info(group)
+    x = x.contiguous()
+    if dist.get_backend(group) == "nccl":
+        out = x.new_empty(x.shape[1:])
+        dist.reduce_scatter_tensor(out, x, group=group)
+        return out
+    total = x.clone()
+    dist.all_reduce(total, group=group)
+    return total[rank]
+
+
+def all_gather_simulated(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`all_gather_flat` among the virtual ranks ``0 .. cp-1`` of one process."""
+    gathered = torch.stack(list(xs))
+    return [gathered] * len(xs)
+
+
+def reduce_scatter_simulated(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`reduce_scatter_flat` among the virtual ranks ``0 .. cp-1`` of one process."""
+    return list(torch.stack(list(xs)).sum(0).unbind(0))

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from .partition import shard, unshard
 
-__all__ = ["heads_to_ranks", "simulated_exchange", "a2a_attention", "SumGradOverGroup", "head_slice"]
+__all__ = ["heads_to_ranks", "simulated_exchange", "a2a_attention", "SumGradOverGroup", "head_slice",
+           "heads_to_sequence", "sequence_to_heads"]
 
 ExchangeAll = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
 
@@ -61,18 +62,59 @@ def simulated_exchange(sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.stack([send[r] for send in sends]) for r in range(len(sends))]
 
 
+def heads_to_sequence(xs: Sequence[torch.Tensor], cp: int, fmt: str, padded: Optional[torch.Tensor],
+                      exchange: ExchangeAll) -> list[torch.Tensor]:  # fmt: skip
+    """The first all-to-all: every listed rank's dual-chunk share with all ``h`` heads ->
+    the whole sequence of its group (natural order) with ``h / cp`` heads. ``padded``: the
+    group's THD padded offsets (None for dense formats)."""
+    received = exchange([heads_to_ranks(x, cp) for x in xs])  # [cp (source rank), local..., h / cp, d]
+    return [unshard(list(r.unbind(0)), fmt, padded) for r in received]
+
+
+class _Chunks(torch.autograd.Function):
+    """``x`` with its ``n`` equal chunks along ``dim`` taken in ``order`` (a permutation), as one
+    copy; the backward is the inverse permutation of the gradient (one copy, no zero-filled
+    full-size partial gradients per chunk as narrow-and-cat would make)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, order: torch.Tensor) -> torch.Tensor:
+        ctx.dim, ctx.inverse = dim, torch.argsort(order)
+        return x.unflatten(dim, (order.numel(), -1)).index_select(dim, order).flatten(dim, dim + 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        g = grad.unflatten(ctx.dim, (ctx.inverse.numel(), -1)).index_select(ctx.dim, ctx.inverse)
+        return g.flatten(ctx.dim, ctx.dim + 1), None, None
+
+
+def _dense_shards(o: torch.Tensor, cp: int, fmt: str) -> torch.Tensor:
+    """``[cp, ...]``: every rank's dual-chunk share of a dense whole sequence (as stacking
+    :func:`~te_cudnn.parallel.partition.shard` of every rank, in one permutation)."""
+    dim = 1 if fmt == "bshd" else 0
+    order = [c for r in range(cp) for c in (r, 2 * cp - 1 - r)]
+    y = _Chunks.apply(o, dim, torch.tensor(order, device=o.device))
+    return y.unflatten(dim, (cp, -1)).movedim(dim, 0)
+
+
+def sequence_to_heads(outs: Sequence[torch.Tensor], cp: int, fmt: str, padded: Optional[torch.Tensor],
+                      exchange: ExchangeAll) -> list[torch.Tensor]:  # fmt: skip
+    """The inverse all-to-all of :func:`heads_to_sequence`: whole sequences with ``h / cp``
+    heads -> every listed rank's dual-chunk share with all ``h`` heads."""
+    if fmt == "thd":
+        sends = [torch.stack([shard(o, cp, r, fmt, padded) for r in range(cp)]) for o in outs]
+    else:
+        sends = [_dense_shards(o, cp, fmt) for o in outs]
+    return [x.movedim(0, -3).flatten(-3, -2) for x in exchange(sends)]  # [local..., h, d]
+
+
 def a2a_attention(attn: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], ranks: Sequence[int],
                   qs, ks, vs, cp: int, fmt: str, cu_padded: tuple[Optional[torch.Tensor], Optional[torch.Tensor]],
                   exchange: ExchangeAll) -> list[torch.Tensor]:  # fmt: skip
     """Ulysses attention of the ranks ``ranks`` (all ``cp`` of them in a simulation, one on a
     real group): ``exchange`` maps every listed rank's ``[cp, ...]`` send to its receive, and
     ``attn(rank, q, k, v)`` attends the whole sequence with one head group."""
-
-    def whole_sequence(xs: Sequence[torch.Tensor], padded: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        received = exchange([heads_to_ranks(x, cp) for x in xs])  # [cp (source rank), local..., h / cp, d]
-        return [unshard(list(r.unbind(0)), fmt, padded) for r in received]
-
-    qq, kk, vv = whole_sequence(qs, cu_padded[0]), whole_sequence(ks, cu_padded[1]), whole_sequence(vs, cu_padded[1])
+    pad_q, pad_kv = cu_padded
+    qq = heads_to_sequence(qs, cp, fmt, pad_q, exchange)
+    kk, vv = heads_to_sequence(ks, cp, fmt, pad_kv, exchange), heads_to_sequence(vs, cp, fmt, pad_kv, exchange)
     outs = [attn(rank, *qkv) for rank, *qkv in zip(ranks, qq, kk, vv)]
-    sends = [torch.stack([shard(o, cp, r, fmt, cu_padded[0]) for r in range(cp)]) for o in outs]
-    return [x.movedim(0, -3).flatten(-3, -2) for x in exchange(sends)]  # [local..., h, d]
+    return sequence_to_heads(outs, cp, fmt, pad_q, exchange)

@@ -1,0 +1,74 @@
+"""Peak memory of one context-parallel rank on the CPU (tests/_cp_memory.py): live tensor bytes
+per local token at the forward's and the backward's peak, one rank measured alone (p2p: the
+loopback ring; a2a: the loopback all-to-all), the stand-in kernels opaque (their outputs
+counted, their temporaries not; cuDNN's workspace is not modelled).
+
+Each bound is the accounting of the context-parallel guide ("Memory per rank"), computed by
+:func:`_cp_memory.p2p_derived` / :func:`_cp_memory.a2a_derived` from h, hg, d and the dtype:
+the measurement must match it (to a few bytes per token: rng states, small index tensors), and
+where a reduction was made the measurement must be below the accounting before it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _cp_memory import a2a_derived, measure, p2p_derived
+
+H, HG, D, S_LOCAL, E = 8, 4, 16, 32, 2
+SLACK = 8  # bytes per local token not in the accounting (rng states, scalars)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_p2p_rank_peak_matches_the_accounting(monkeypatch, cp):
+    got = measure("p2p", cp, H, HG, D, S_LOCAL, monkeypatch, rank=cp - 1)["bwd"]
+    want = p2p_derived(H, HG, D, E, cp, cp - 1)
+    assert want - SLACK <= got <= want + SLACK, (got, want)
+    if cp >= 2:  # one step's gradients alive, not two; at cp >= 3 two key/value blocks, not three
+        before = p2p_derived(H, HG, D, E, cp, cp - 1, version="before")
+        assert want < before and got < before - SLACK, (got, before)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_a2a_rank_peak_matches_the_accounting(monkeypatch, cp):
+    got = measure("a2a", cp, H, HG, D, S_LOCAL, monkeypatch)["bwd"]
+    want = a2a_derived(H, HG, D, E, cp)
+    assert want - SLACK <= got <= want + SLACK, (got, want)
+    if cp >= 2:  # the reorder's backward: one permuted copy of dO, not zero-filled partial sums per chunk
+        before = a2a_derived(H, HG, D, E, cp, "before")
+        assert want < before and got < before - SLACK, (got, before)
+
+
+def test_tool_counts_storages_once_and_frees_them():
+    import torch
+
+    from _cp_memory import LiveBytes
+
+    with LiveBytes() as mode:
+        x = torch.zeros(256)  # 1 KiB
+        view = x[10:]
+        y = x + 1
+        x.add_(1)
+        del x
+        assert mode.now == 2048
+        del view
+        assert mode.now == 1024
+        del y
+        assert mode.now == 0 and mode.peak == 2048
+
+
+def test_p2p_backward_runs_once(monkeypatch):
+    """The ring frees its last forward block during the backward: a second backward is refused
+    with a reason (not a wrong result)."""
+    import torch
+
+    import te_cudnn.parallel.ring as ring_mod
+    from _cp_standin import install
+    from te_cudnn.parallel import ring_rank_alone
+
+    install(monkeypatch, ring_mod)
+    q, k, v = (torch.randn(1, 8, 2, 16).bfloat16().requires_grad_() for _ in range(3))
+    out = ring_rank_alone(q, k, v, 2, 0, qkv_format="bshd", attn_mask_type="causal")
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        out.sum().backward()
