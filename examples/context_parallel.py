@@ -30,8 +30,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Needs torchrun and a CUDA GPU per rank "
                                 "(--alone CP: one GPU, no torchrun); --help needs neither.")  # fmt: skip
     p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536, 131072], help="global sequence lengths S")
-    p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a", "all_gather"],
-                   help="cp_comm_type(s)")
+    p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a", "all_gather", "a2a+p2p"],
+                   help="cp_comm_type(s); a2a+p2p runs on a (2, cp / 2) grid: all-to-all over rank pairs, rings across them")
+    p.add_argument("--window", type=int, metavar="LEFT", help="causal sliding window of LEFT keys (window_size=(LEFT, 0)), "
+                   "for every run including the single-GPU one")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=128)
@@ -113,8 +115,10 @@ def alone(args) -> int:
     from te_cudnn.parallel import ring_rank_alone, shard
 
     cp, rows, per_token = args.alone, [], {}
-    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")  # noqa: E731
-    rank = lambda q, k, v: ring_rank_alone(q, k, v, cp, 0, qkv_format="bshd", attn_mask_type="causal")  # noqa: E731
+    window = {} if args.window is None else dict(window_size=(args.window, 0))
+    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal",  # noqa: E731
+                                                      **window)
+    rank = lambda q, k, v: ring_rank_alone(q, k, v, cp, 0, qkv_format="bshd", attn_mask_type="causal", **window)  # noqa: E731
     for s in args.seqlens:
         full = _inputs(args, s, torch.device("cuda"))
         local = [shard(x, cp, 0, "bshd") for x in full]
@@ -147,7 +151,10 @@ def main(argv=None) -> int:
     rank, cp = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device("cuda")
-    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")  # noqa: E731
+    window = {} if args.window is None else dict(window_size=(args.window, 0))
+    single = lambda q, k, v: te_cudnn.fused_attention(q, k, v, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal",  # noqa: E731
+                                                      **window)
+    groups = {comm: _groups(comm, rank, cp) for comm in args.comm}
     rows, per_token = [], {}
     for s in args.seqlens:
         q, k, v, d_out = _inputs(args, s, device)
@@ -163,7 +170,7 @@ def main(argv=None) -> int:
                 rows.append(dict(S=s, mode="single", rank=0, ms=None, peak_gib=None, note="out of memory"))
             torch.cuda.empty_cache()
         for comm in args.comm:
-            attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, dist.group.WORLD, comm)  # noqa: E731
+            attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, groups[comm], comm, **window)  # noqa: E731
             ms = _time(lambda: _fwd_bwd(attn, *local[:3], local[3]), args.iters)
             peak = _peak(lambda: _fwd_bwd(attn, *local[:3], local[3]), local)
             out = _fwd_bwd(attn, *local[:3], local[3])
@@ -186,6 +193,22 @@ def main(argv=None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _groups(comm: str, rank: int, cp: int):
+    """The ``cp_group`` of ``comm``: the world, or for a2a+p2p this rank's [a2a_group, p2p_group]
+    on a (2, cp / 2) grid (TransformerEngine's rank order: a2a pairs {0, 1}, {2, 3}, ...)."""
+    import torch.distributed as dist
+
+    from te_cudnn.parallel.hierarchical import grid_groups
+
+    if comm != "a2a+p2p":
+        return dist.group.WORLD
+    if cp % 2:
+        raise SystemExit(f"--comm a2a+p2p needs an even number of ranks (a (2, cp / 2) grid), got {cp}")
+    blocks, rings = grid_groups(2, cp // 2)
+    made = [dist.new_group(ranks) for ranks in blocks] + [dist.new_group(ranks) for _, ranks in rings]
+    return [made[rank // 2], made[len(blocks) + rank % 2]]
 
 
 def _report(args, rows, per_token, cp) -> None:

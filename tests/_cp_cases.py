@@ -83,14 +83,16 @@ def _back(t: torch.Tensor, fmt: str) -> torch.Tensor:
     return (t.transpose(1, 2) if fmt == "bshd" else t.permute(2, 0, 1, 3)).contiguous()
 
 
-def reference(case: Case, dtype: torch.dtype = torch.float64,
-              window_size: tuple[int, int] = (-1, -1)) -> list[torch.Tensor]:  # fmt: skip
+def reference(case: Case, dtype: torch.dtype = torch.float64, window_size: tuple[int, int] = (-1, -1),
+              softmax_type: str = "vanilla", softmax_offset: Optional[torch.Tensor] = None) -> list[torch.Tensor]:  # fmt: skip
     """out, dq, dk, dv of the full attention in ``dtype`` (THD: sequence by sequence, pads zero;
-    ``window_size``: dense only)."""
+    ``window_size`` and sinks: dense only)."""
     mask = "causal" if "causal" in case.mask else "no_mask"
     if case.fmt != "thd":
         leaves = [_bhsd(x, case.fmt).to(dtype).requires_grad_() for x in (case.q, case.k, case.v)]
-        out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=dtype, window_size=window_size).out
+        sink = None if softmax_offset is None else softmax_offset.detach().to(dtype)
+        out = attention_reference(*leaves, attn_mask_type=mask, compute_dtype=dtype, window_size=window_size,
+                                  softmax_type=softmax_type, softmax_offset=sink).out  # fmt: skip
         out.backward(_bhsd(case.d_out, case.fmt).to(dtype))
         return [_back(t, case.fmt) for t in (out.detach(), *(x.grad for x in leaves))]
     results = [torch.zeros_like(x, dtype=dtype) for x in (case.d_out, case.q, case.k, case.v)]
@@ -137,3 +139,25 @@ def check(label: str, got: list[torch.Tensor], single: list[torch.Tensor], ref: 
             f"{label} {name}: error {err:.3e} > {FACTOR} x single-GPU {err_one:.3e} + {FLOOR}")
         errors[name] = (err, err_one)
     return errors
+
+
+def check_sinks(label: str, case: Case, got: list[torch.Tensor], grad_cp: Optional[torch.Tensor],
+                offset: Optional[torch.Tensor], extra: dict) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """A sink run (``extra``: softmax_type, softmax_offset, window_size) against the fp64
+    reference with the same sink, by :func:`check`'s rule, and the learnable sink's gradient
+    summed over the ranks (``grad_cp``) against te_cudnn's single-GPU one (``offset.grad`` is
+    cleared first). Returns {name: (cp error, single-GPU error)}."""
+    if offset is not None:
+        offset.grad = None
+    one = single_gpu(case, **extra)
+    ref = reference(case, window_size=extra.get("window_size", (-1, -1)), softmax_type=extra["softmax_type"],
+                    softmax_offset=offset)  # fmt: skip
+    errors = check(label, got, one, ref, case)
+    if offset is not None:
+        torch.testing.assert_close(grad_cp, offset.grad, atol=5e-2, rtol=2e-2)
+    return errors
+
+
+def error_words(errors: dict[str, tuple[float, float]]) -> str:
+    """``check``'s errors as one line: ``out 1.2e-03 (1 GPU 1.1e-03), ...``."""
+    return ", ".join(f"{n} {e:.2e} (1 GPU {o:.2e})" for n, (e, o) in errors.items())
