@@ -28,8 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import te_cudnn.parallel.api as api_mod
 import te_cudnn.parallel.ring as ring_mod
+import te_cudnn.parallel.ulysses_groups as groups_mod
 from _cp_standin import math_bwd, math_fwd
 
 
@@ -91,46 +91,18 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-class StandinAttend(torch.autograd.Function):
-    """``te_cudnn.autograd.attend``'s contract for dense no_mask/causal on the CPU, saving what
-    :class:`te_cudnn.autograd.FusedAttnFunc` saves (q, k, v, O, the stats) and calling the
-    (opaque) stand-in kernels."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, opts, fwd, bwd):
-        dim = 1 if opts.qkv_layout.startswith("bshd") else 0
-        out, aux = fwd(True, q.shape[dim], k.shape[dim], None, None, q, k, v, q.dtype, attn_scale=opts.attn_scale, dropout=0.0,
-                       qkv_layout=opts.qkv_layout, attn_mask_type=opts.attn_mask_type)  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, aux[0])
-        ctx.opts, ctx.bwd, ctx.rng = opts, bwd, aux[1]
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        o = ctx.opts
-        dim = 1 if o.qkv_layout.startswith("bshd") else 0
-        dq, dk, dv, _, _ = ctx.bwd(q.shape[dim], k.shape[dim], None, None, q, k, v, out, d_out.contiguous(), q.dtype,
-                                   [lse, ctx.rng], attn_scale=o.attn_scale, dropout=0.0, qkv_layout=o.qkv_layout,
-                                   attn_mask_type=o.attn_mask_type, deterministic=o.deterministic)  # fmt: skip
-        return dq, dk, dv, None, None, None
-
-
 def measure(comm: str, cp: int, h: int, hg: int, d: int, s_local: int, monkeypatch, rank: int = 0, b: int = 1,
-            fmt: str = "bshd", mask: str = "causal", dtype=torch.bfloat16) -> dict[str, float]:  # fmt: skip
-    """Peak live bytes per local token of one rank's forward and backward (``fwd``, ``bwd``:
-    the peak while each ran, inputs and the output gradient counted throughout)."""
+            fmt: str = "bshd", mask: str = "causal", dtype=torch.bfloat16, **options) -> dict[str, float]:  # fmt: skip
+    """Live bytes per local token of one rank: the peaks of its forward and backward (``fwd``,
+    ``bwd``; inputs and the output gradient counted throughout) and what is live between them
+    (``kept``: the inputs, the output gradient, the output and what the backward keeps)."""
     from te_cudnn.parallel import a2a_rank_alone, ring_rank_alone
 
     mode = LiveBytes()
     fwd, bwd = mode.opaque(math_fwd), mode.opaque(math_bwd)
-    monkeypatch.setattr(ring_mod, "fused_attn_fwd", fwd)
-    monkeypatch.setattr(ring_mod, "fused_attn_bwd", bwd)
-
-    def attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, *rest, **kwargs):
-        return StandinAttend.apply(q, k, v, opts, fwd, bwd)
-
-    monkeypatch.setattr(api_mod, "attend", attend)
+    for module in (ring_mod, groups_mod):
+        monkeypatch.setattr(module, "fused_attn_fwd", fwd)
+        monkeypatch.setattr(module, "fused_attn_bwd", bwd)
     g = torch.Generator().manual_seed(cp * 10 + rank)
     shape = lambda n: (b, s_local, n, d) if fmt == "bshd" else (s_local, b, n, d)  # noqa: E731
     q, k, v = (torch.randn(shape(n), generator=g).to(dtype).requires_grad_() for n in (h, hg, hg))
@@ -138,13 +110,13 @@ def measure(comm: str, cp: int, h: int, hg: int, d: int, s_local: int, monkeypat
     alone = ring_rank_alone if comm == "p2p" else a2a_rank_alone
     with mode:
         mode.track(q, k, v, d_out)
-        out = alone(q, k, v, cp, rank, qkv_format=fmt, attn_mask_type=mask)
-        peak_fwd = mode.peak
+        out = alone(q, k, v, cp, rank, qkv_format=fmt, attn_mask_type=mask, **options)
+        peak_fwd, kept = mode.peak, mode.now
         mode.reset_peak()
         out.backward(d_out)
         peak_bwd = mode.peak
     tokens = b * s_local
-    return {"fwd": peak_fwd / tokens, "bwd": peak_bwd / tokens}
+    return {"fwd": peak_fwd / tokens, "bwd": peak_bwd / tokens, "kept": kept / tokens}
 
 
 def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal: bool = True,
@@ -173,12 +145,26 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
     return fixed + peak
 
 
-def a2a_derived(h: int, hg: int, d: int, e: int, cp: int, version: str = "now") -> float:
+def a2a_derived(h: int, hg: int, d: int, e: int, cp: int, version: str = "now", head_groups: int = 1) -> float:
     """Bytes per local token an a2a rank holds at its backward's peak, from the code (dense
-    formats); ``version="before"``: before the dense dual-chunk reorder of the output became one
-    permutation (its backward held the received dO and three full-size partial sums)."""
+    formats); ``version="before"``: the autograd composition of the all-to-alls and the
+    attention (te_cudnn.parallel.ulysses), whose attention kept the head-sharded q, k, v and O
+    from the forward; ``"reorder"``: that composition before the dense dual-chunk reorder of the
+    output became one permutation (its backward held the received dO and three full-size partial
+    sums). ``head_groups``: the head groups the backward exchanges and attends one at a time."""
     inputs = (3 * h + 2 * hg) * d * e  # q, k, v, O, dO (sequence-sharded, the caller's)
-    saved = (2 * h + 2 * hg) * d * e + 4 * h  # head-sharded q, k, v, O saved by the attention; its stats
-    if version == "before" and cp >= 2:  # in the reorder's backward: dO received, 3 full-size partial sums
-        return inputs + saved + 4 * h * d * e
-    return inputs + saved + h * d * e + (h + 2 * hg) * d * e  # dO head-sharded; the kernel's dQ, dK, dV
+    stats = 4 * h  # the fp32 softmax stats of every head
+    head_sharded = (3 * h + 2 * hg) * d * e  # q, k, v, O, dO of the heads the kernel works on
+    kernel_grads = (h + 2 * hg) * d * e  # the kernel's dQ, dK, dV
+    if version == "reorder" and cp >= 2:  # in the reorder's backward: dO received, 3 full-size partial sums
+        return inputs + stats + (2 * h + 2 * hg) * d * e + 4 * h * d * e
+    if version in ("before", "now") and head_groups == 1:  # the same peak, whatever is kept in between
+        return inputs + stats + head_sharded + kernel_grads
+    return inputs + stats + kernel_grads + (head_sharded + kernel_grads) / head_groups  # + the gradients, made whole
+
+
+def a2a_kept(h: int, hg: int, d: int, e: int, version: str = "now") -> float:
+    """Bytes per local token an a2a rank holds between its forward and backward: the inputs, dO,
+    the output and the stats; ``"before"``: also the head-sharded q, k, v and O."""
+    now = (3 * h + 2 * hg) * d * e + 4 * h  # q, k, v, dO, O; the stats
+    return now + ((2 * h + 2 * hg) * d * e if version == "before" else 0)

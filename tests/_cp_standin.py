@@ -4,8 +4,8 @@ CPU tests (cuDNN needs a GPU): ``fused_attn_fwd``'s and ``fused_attn_bwd``'s con
 ``causal_bottom_right`` with ``window_size`` and ``bottom_right_diagonal``, sinks
 (``softmax_type``/``softmax_offset``), GQA/MQA, ``d_qk != d_v``. The forward returns O and the
 log-sum-exp; the backward works from the *given* O and log-sum-exp (and returns the sink's
-gradient), as the real kernels do. Used by ``test_cp_ring_cpu.py``, ``test_cp_ring_window_cpu.py``
-and ``test_cp_all_gather_cpu.py``; the real kernels run in ``test_cp_gpu.py`` and ``cp_two_gpu.py``.
+gradient), as the real kernels do. Used by the context-parallel CPU tests (ring, windows,
+all_gather, a2a); the real kernels run in ``test_cp_gpu.py`` and ``cp_two_gpu.py``.
 
 :data:`CALLS` records ``(sq, skv, mask, window)`` of every forward call (tests that count the
 calls clear it first).
@@ -43,12 +43,14 @@ def _sink(softmax_type, offset, h):
     return torch.zeros(1, h, 1, 1) if offset is None else offset.double().reshape(1, h, 1, 1)
 
 
-def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_scale, dropout, qkv_layout,
-             attn_mask_type, softmax_type="vanilla", window_size=(-1, -1), bottom_right_diagonal=None,
-             softmax_offset=None, rng_state=None):  # fmt: skip
-    """fused_attn_fwd's contract (dense, no dropout) in fp64 on the CPU."""
+def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, backend=None, *, attn_scale, dropout,
+             qkv_layout, attn_mask_type, softmax_type="vanilla", window_size=(-1, -1), bottom_right_diagonal=None,
+             softmax_offset=None, rng_state=None, attn_bias=None, attn_bias_type="no_bias", rng_gen=None,
+             lengths=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None):  # fmt: skip
+    """fused_attn_fwd's contract (dense, no dropout, no bias) in fp64 on the CPU."""
     dim = 1 if qkv_layout.startswith("bshd") else 0
     assert dropout == 0.0 and cu_q is None and max_q == q.shape[dim] and max_kv == k.shape[dim]
+    assert attn_bias is None and attn_bias_type == "no_bias" and cu_seqlens_q_padded is None and lengths is None
     CALLS.append((max_q, max_kv, attn_mask_type, tuple(window_size)))
     scale = attn_scale or q.shape[-1] ** -0.5
     qb, kb, vb = (to_bhsd(t, qkv_layout).double() for t in (q, k, v))
@@ -62,10 +64,12 @@ def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, *, attn_sc
     return from_bhsd(out, qkv_layout).to(dtype), aux + ([] if sink is None else [softmax_offset])
 
 
-def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, *, attn_scale, dropout, qkv_layout,
-             attn_mask_type, deterministic, softmax_type="vanilla", window_size=(-1, -1),
-             bottom_right_diagonal=None):  # fmt: skip
+def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=None, *, attn_scale, dropout,
+             qkv_layout, attn_mask_type, deterministic, softmax_type="vanilla", window_size=(-1, -1),
+             bottom_right_diagonal=None, attn_bias_type="no_bias", lengths=None, cu_seqlens_q_padded=None,
+             cu_seqlens_kv_padded=None):  # fmt: skip
     """fused_attn_bwd's contract from the given O and log-sum-exp (and the sink's gradient)."""
+    assert attn_bias_type == "no_bias" and cu_seqlens_q_padded is None and lengths is None
     scale = attn_scale or q.shape[-1] ** -0.5
     qb, kb, vb, ob, dob = (to_bhsd(t, qkv_layout).double() for t in (q, k, v, o, d_o))
     group = qb.shape[1] // kb.shape[1]
@@ -85,8 +89,11 @@ def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, *, attn_sc
 
 
 def install(monkeypatch, *modules) -> None:
-    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules and clear :data:`CALLS`."""
-    for module in modules:
+    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules and in a2a's
+    (``te_cudnn.parallel.ulysses_groups``), and clear :data:`CALLS`."""
+    import te_cudnn.parallel.ulysses_groups as groups_mod
+
+    for module in {*modules, groups_mod}:
         monkeypatch.setattr(module, "fused_attn_fwd", math_fwd)
         monkeypatch.setattr(module, "fused_attn_bwd", math_bwd)
     CALLS.clear()

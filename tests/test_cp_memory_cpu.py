@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from _cp_memory import a2a_derived, measure, p2p_derived
+from _cp_memory import a2a_derived, a2a_kept, measure, p2p_derived
 
 H, HG, D, S_LOCAL, E = 8, 4, 16, 32, 2
 SLACK = 8  # bytes per local token not in the accounting (rng states, scalars)
@@ -31,12 +31,33 @@ def test_p2p_rank_peak_matches_the_accounting(monkeypatch, cp):
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
 def test_a2a_rank_peak_matches_the_accounting(monkeypatch, cp):
-    got = measure("a2a", cp, H, HG, D, S_LOCAL, monkeypatch)["bwd"]
+    got = measure("a2a", cp, H, HG, D, S_LOCAL, monkeypatch)
     want = a2a_derived(H, HG, D, E, cp)
-    assert want - SLACK <= got <= want + SLACK, (got, want)
+    assert want - SLACK <= got["bwd"] <= want + SLACK, (got, want)
     if cp >= 2:  # the reorder's backward: one permuted copy of dO, not zero-filled partial sums per chunk
-        before = a2a_derived(H, HG, D, E, cp, "before")
-        assert want < before and got < before - SLACK, (got, before)
+        before = a2a_derived(H, HG, D, E, cp, "reorder")
+        assert want < before and got["bwd"] < before - SLACK, (got, before)
+    # between forward and backward: the sequence-sharded tensors and the stats, no head-sharded copies
+    assert a2a_kept(H, HG, D, E) - SLACK <= got["kept"] <= a2a_kept(H, HG, D, E) + SLACK, got
+    assert got["kept"] < a2a_kept(H, HG, D, E, "before") - SLACK
+
+
+@pytest.mark.parametrize("cp,groups", [(1, 2), (2, 2), (1, 4)])
+def test_a2a_head_groups_shrink_the_backward_peak(monkeypatch, cp, groups):
+    """head_groups=G: the head-sharded tensors, the kernel's gradients (and on a GPU cuDNN's
+    workspace) of one group at a time; the gradients of q, k, v are made whole once."""
+    got = measure("a2a", cp, H, HG, D, S_LOCAL, monkeypatch, head_groups=groups)["bwd"]
+    want = a2a_derived(H, HG, D, E, cp, head_groups=groups)
+    assert want - SLACK <= got <= want + SLACK, (got, want)
+    assert got < a2a_derived(H, HG, D, E, cp) - SLACK
+
+
+def test_a2a_head_groups_decline_before_any_exchange(monkeypatch):
+    """hg = 4 heads cannot be split into 2 groups over 4 ranks: declined with the reason."""
+    from te_cudnn import UnsupportedConfigError
+
+    with pytest.raises(UnsupportedConfigError, match=r"head_groups \* cp = 8"):
+        measure("a2a", 4, H, HG, D, S_LOCAL, monkeypatch, head_groups=2)
 
 
 def test_tool_counts_storages_once_and_frees_them():

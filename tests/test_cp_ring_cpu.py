@@ -169,14 +169,6 @@ def test_module_without_process_group_refuses_cp_group():
     assert DotProductAttention(4, 16).cp_group is None
 
 
-def _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, pad_q=None, pad_kv=None,
-                 softmax_offset=None):  # fmt: skip
-    """te_cudnn.autograd.attend's contract for dense no_mask/causal, differentiable, on the CPU."""
-    layout = opts.qkv_layout
-    out = attention_reference(*(to_bhsd(t, layout).float() for t in (q, k, v)), attn_mask_type=opts.attn_mask_type).out
-    return from_bhsd(out, layout).to(q.dtype)
-
-
 def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: str, report: str) -> None:
     """One rank of a CPU process group (gloo): the real transport (batch_isend_irecv, all-to-all)
     and autograd functions of context_parallel_attention, with the fp32 stand-in kernels."""
@@ -184,12 +176,13 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
 
     import torch.distributed as dist
 
-    import te_cudnn.parallel.api as api_mod
+    import te_cudnn.parallel.ulysses_groups as groups_mod
     from te_cudnn.parallel import context_parallel_attention
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = math_fwd, math_bwd, _math_attend
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd = math_fwd, math_bwd
+    groups_mod.fused_attn_fwd, groups_mod.fused_attn_bwd = math_fwd, math_bwd
     g = torch.Generator().manual_seed(5)
     b, s, h, hg, d = 2, 8 * world, 4, 2, 16
     shape = lambda n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
@@ -276,21 +269,22 @@ def test_every_call_runs_or_declines_with_a_reason(cp, comm, fmt, mask, s_local,
         parts = [[shard(x, cp, r, fmt) for r in range(cp)] for x in full]
     else:  # not a dual-chunk split (the call declines): plain pieces of the right local shape
         parts = [list(x.chunk(cp, dim)) for x in full]
-    import te_cudnn.parallel.api as api_mod
+    import te_cudnn.parallel.ulysses_groups as groups_mod
 
-    saved = ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = math_fwd, math_bwd, _math_attend
+    saved = ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, groups_mod.fused_attn_fwd, groups_mod.fused_attn_bwd
+    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd = groups_mod.fused_attn_fwd, groups_mod.fused_attn_bwd = (
+        math_fwd, math_bwd)
     try:
         outs = simulate_context_parallel(*parts, comm, qkv_format=fmt, attn_mask_type=mask, window_size=window)
     except (UnsupportedConfigError, ValueError, TypeError) as exc:
         assert str(exc)  # a reason, never an empty message
         return
     finally:
-        ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, api_mod.attend = saved
+        ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd, groups_mod.fused_attn_fwd, groups_mod.fused_attn_bwd = saved
     assert mask in ("causal", "no_mask") and dtype != torch.float32 and s_local % 2 == 0
     assert len(outs) == cp and all(o.shape == parts[0][0].shape and o.dtype == dtype for o in outs)
     assert all(torch.isfinite(o.float()).all() for o in outs)
-    if comm == "p2p":
+    if comm in ("p2p", "a2a"):
         full_window = (-1, -1) if window is None else (window[0], 0 if mask == "causal" else window[1])
         want = _full_reference(*full, torch.zeros_like(full[0]), mask, fmt, full_window)[0]
         err = (unshard(outs, fmt).double() - want).abs().max().item()
@@ -301,18 +295,17 @@ def test_a2a_hands_each_rank_an_aligned_copy_of_its_sink_logits(monkeypatch):
     """h / cp = 2 logits per rank: the head slice of every odd rank starts 8 bytes into the
     [1, h, 1, 1] fp32 tensor, which cuDNN cannot read (16-byte rule); each rank gets a copy,
     and the gradients of the copies reach the shared logits."""
-    import te_cudnn.parallel.api as api_mod
+    import te_cudnn.parallel.ulysses_groups as groups_mod
 
+    install(monkeypatch, ring_mod)
     seen = []
 
-    def attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts, pad_q=None, pad_kv=None,
-               softmax_offset=None):  # fmt: skip
+    def fwd(*args, softmax_offset=None, **kwargs):
         seen.append(softmax_offset)
         assert softmax_offset.data_ptr() % 16 == 0 and softmax_offset.shape == (1, 2, 1, 1)
-        out = _math_attend(q, k, v, bias, cu_q, cu_kv, max_q, max_kv, is_training, rng_gen, opts)
-        return out * softmax_offset.sum().to(out.dtype)
+        return math_fwd(*args, softmax_offset=softmax_offset, **kwargs)
 
-    monkeypatch.setattr(api_mod, "attend", attend)
+    monkeypatch.setattr(groups_mod, "fused_attn_fwd", fwd)
     cp, h, b, s, d = 4, 8, 1, 8 * 4, 16
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(b, s, h, d, generator=g).bfloat16() for _ in range(3))
@@ -323,3 +316,33 @@ def test_a2a_hands_each_rank_an_aligned_copy_of_its_sink_logits(monkeypatch):
     sum(o.float().sum() for o in outs).backward()
     assert len(seen) == cp
     assert offset.grad is not None and torch.all(offset.grad != 0)
+
+
+@pytest.mark.parametrize("cp,groups,fmt,mask,softmax_type", [
+    (2, 2, "bshd", "causal", "vanilla"), (2, 4, "sbhd", "no_mask", "learnable"), (4, 2, "bshd", "causal", "off_by_one"),
+    (1, 2, "bshd", "causal", "learnable"),
+])  # fmt: skip
+def test_a2a_head_groups_equal_one_group(monkeypatch, cp, groups, fmt, mask, softmax_type):
+    """head_groups=G (the exchange and attention one head group at a time, both directions)
+    gives the outputs and gradients (sink logits included) of one group, bit for bit: every
+    head is computed by the same kernel on the same whole sequence."""
+    install(monkeypatch, ring_mod)
+    g = torch.Generator().manual_seed(cp * 7 + groups)
+    b, s, h, hg, d = 1, 8 * cp, 16, 8, 16
+    shape = lambda n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
+    q, k, v, d_out = (torch.randn(shape(n), generator=g).bfloat16() for n in (h, hg, hg, h))
+    sink = None if softmax_type == "vanilla" else torch.randn(1, h, 1, 1, generator=g)
+    results = []
+    for head_groups in (1, groups):
+        parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
+        offset = None if sink is None or softmax_type != "learnable" else sink.clone().requires_grad_()
+        outs = simulate_context_parallel(*parts, "a2a", qkv_format=fmt, attn_mask_type=mask, head_groups=head_groups,
+                                         softmax_type=softmax_type, softmax_offset=offset)  # fmt: skip
+        torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
+        results.append([unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
+                       + ([] if offset is None else [offset.grad]))  # fmt: skip
+    for name, one, grouped in zip(("out", "dq", "dk", "dv", "d_sink"), *results):
+        assert torch.equal(one, grouped), name
+    want = _full_reference(q, k, v, d_out, mask, fmt, (-1, -1))[0] if softmax_type == "vanilla" else None
+    if want is not None:
+        assert (results[1][0].double() - want).abs().max().item() <= 2e-2 * max(1.0, want.abs().max().item())

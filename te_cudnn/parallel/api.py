@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..autograd import AttnOptions, _readable_grad, attend, attend_fp8
+from ..autograd import AttnOptions, _readable_grad, attend_fp8
 from ..config.checks import check_softmax_offset
 from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
@@ -25,6 +25,7 @@ from .schedule import ring_window, single_key_tiles
 from .transport import (AllToAll, LoopbackAllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
                         reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
 from .ulysses import SumGradOverGroup, a2a_attention, head_slice, simulated_exchange
+from .ulysses_groups import A2aJob, GroupedA2A
 
 __all__ = ["CpOptions", "context_parallel_attention", "simulate_context_parallel", "cp_decline_reasons",
            "ring_rank_alone", "a2a_rank_alone"]
@@ -48,6 +49,7 @@ class CpOptions:
     bias_type: str
     softmax_type: str
     fp8: bool
+    head_groups: int = 1
 
     @property
     def causal(self) -> bool:
@@ -65,7 +67,7 @@ def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 
 def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size, attn_bias,
-             attn_bias_type, softmax_type, fp8_meta, training: bool) -> CpOptions:  # fmt: skip
+             attn_bias_type, softmax_type, fp8_meta, training: bool, head_groups: int = 1) -> CpOptions:  # fmt: skip
     comm = _choice("cp_comm_type", cp_comm_type, _COMM_TYPES)
     fmt = _choice("qkv_format", qkv_format, ("bshd", "sbhd", "thd"))
     if not isinstance(attn_mask_type, str):
@@ -75,8 +77,11 @@ def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, dete
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
     bias_type = attn_bias_type or ("no_bias" if attn_bias is None else "post_scale_bias")
     window = (-1, 0 if "causal" in mask else -1) if window_size is None else tuple(window_size)
+    if isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups < 1:
+        raise ValueError(f"head_groups must be a positive int (the head groups a2a runs one after another), got "
+                         f"{head_groups!r}")  # fmt: skip
     return CpOptions(comm, fmt, mask, attn_scale, float(dropout) if training else 0.0, bool(deterministic), window,
-                     bias_type, softmax_type, fp8_meta is not None)  # fmt: skip
+                     bias_type, softmax_type, fp8_meta is not None, head_groups)  # fmt: skip
 
 
 def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -111,6 +116,15 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
     elif q.shape[-2] % cp or k.shape[-2] % cp:
         why.append(f"a2a splits heads over the ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by "
                    f"cp={cp} (use cp_comm_type='p2p')")  # fmt: skip
+    elif q.shape[-2] % (cp * o.head_groups) or k.shape[-2] % (cp * o.head_groups):
+        why.append(f"a2a with head_groups={o.head_groups} splits each of {o.head_groups} head groups over the "
+                   f"ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by head_groups * cp = "
+                   f"{o.head_groups * cp} (use fewer head groups)")  # fmt: skip
+    if o.head_groups > 1 and o.comm != "a2a":
+        why.append(f"head_groups={o.head_groups} is for cp_comm_type='a2a' (pass head_groups=1)")
+    if o.head_groups > 1 and o.fp8:
+        why.append(f"head_groups={o.head_groups} with FP8 (fp8_meta): the FP8 scales are per tensor, not per head "
+                   f"group (pass head_groups=1)")  # fmt: skip
     return why
 
 
@@ -305,7 +319,6 @@ class _Call:
     def ulysses(self, qs, ks, vs, exchange, shared: Callable[[Optional[torch.Tensor]], Optional[torch.Tensor]],
                 attn_bias, softmax_offset, fp8_meta) -> list[torch.Tensor]:  # fmt: skip
         o, cp = self.o, self.cp
-        h = qs[0].shape[-2]
         bias, offset = shared(attn_bias), shared(softmax_offset)
         opts = AttnOptions(qkv_layout=o.layout, attn_mask_type=o.mask, attn_bias_type=o.bias_type,
                            attn_scale=o.attn_scale, dropout=o.dropout, window_size=o.window,
@@ -314,12 +327,12 @@ class _Call:
         seq = 0 if o.fmt in ("sbhd", "thd") else 1
         max_q, max_kv = (m if m is not None else t.shape[seq] * cp for m, t in zip(self.max_seqlen, (qs[0], ks[0])))
 
+        if fp8_meta is None:  # only the sequence-sharded tensors are kept (te_cudnn.parallel.ulysses_groups)
+            job = A2aJob(self.ranks, cp, o.fmt, o.head_groups, self.cu, (max_q, max_kv), opts, self.rng_gen, exchange)
+            return list(GroupedA2A.apply(job, bias, offset, *qs, *ks, *vs))
+
         def attn(rank: int, q, k, v) -> torch.Tensor:
-            if fp8_meta is not None:
-                return attend_fp8(q, k, v, fp8_meta, cu_q, cu_kv, max_q, max_kv, replace(opts, attn_bias_type="no_bias"))
-            sink = head_slice(offset, 1, cp, rank, h)  # copied: a slice of h / cp logits may start off 16 bytes
-            return attend(q, k, v, head_slice(bias, 1, cp, rank, h), cu_q, cu_kv, max_q, max_kv, True, self.rng_gen,
-                          opts, pad_q, pad_kv, softmax_offset=None if sink is None else sink.clone())  # fmt: skip
+            return attend_fp8(q, k, v, fp8_meta, cu_q, cu_kv, max_q, max_kv, replace(opts, attn_bias_type="no_bias"))
 
         return a2a_attention(attn, self.ranks, qs, ks, vs, cp, o.fmt, (pad_q, pad_kv), exchange)
 
@@ -369,13 +382,13 @@ def _setup(q, k, v, cp: int, ranks: tuple[int, ...], cp_comm_type: str = "p2p", 
            attn_mask_type: str = "causal", cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
            cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, attn_scale=None, dropout=0.0,
            deterministic=False, window_size=None, attn_bias=None, attn_bias_type=None, softmax_type="vanilla",
-           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None,
+           softmax_offset=None, fp8_meta=None, rng_gen=None, is_training=None, head_groups=1,
            layout=None) -> tuple[_Call, tuple]:  # fmt: skip
     """Validate one call (before any communication); returns it and its (bias, sink, fp8) tensors.
     ``layout``: the ``(a2a, p2p)`` group sizes of ``"a2a+p2p"``."""
     training = torch.is_grad_enabled() if is_training is None else bool(is_training)
     opts = _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, deterministic, window_size,
-                    attn_bias, attn_bias_type, softmax_type, fp8_meta, training)  # fmt: skip
+                    attn_bias, attn_bias_type, softmax_type, fp8_meta, training, head_groups)  # fmt: skip
     cu = _cu_tuple(opts.fmt, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     _prepare(q, k, v, cp, opts, cu, (max_seqlen_q, max_seqlen_kv), layout)
     return _Call(opts, cp, ranks, cu, (max_seqlen_q, max_seqlen_kv), rng_gen), (attn_bias, softmax_offset, fp8_meta)
