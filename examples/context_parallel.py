@@ -32,6 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seqlens", type=int, nargs="+", default=[32768, 65536, 131072], help="global sequence lengths S")
     p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a", "all_gather", "a2a+p2p"],
                    help="cp_comm_type(s); a2a+p2p runs on a (2, cp / 2) grid: all-to-all over rank pairs, rings across them")
+    p.add_argument("--head-groups", type=int, nargs="+", default=[1], metavar="G",
+                   help="a2a runs once per value: the exchange and attention for h / G heads at a time (less memory)")
     p.add_argument("--window", type=int, metavar="LEFT", help="causal sliding window of LEFT keys (window_size=(LEFT, 0)), "
                    "for every run including the single-GPU one")
     p.add_argument("--heads", type=int, default=32)
@@ -169,8 +171,8 @@ def main(argv=None) -> int:
             except torch.OutOfMemoryError:
                 rows.append(dict(S=s, mode="single", rank=0, ms=None, peak_gib=None, note="out of memory"))
             torch.cuda.empty_cache()
-        for comm in args.comm:
-            attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, groups[comm], comm, **window)  # noqa: E731
+        for comm, mode, extra in _modes(args):
+            attn = lambda q_, k_, v_: context_parallel_attention(q_, k_, v_, groups[comm], comm, **window, **extra)  # noqa: E731
             ms = _time(lambda: _fwd_bwd(attn, *local[:3], local[3]), args.iters)
             peak = _peak(lambda: _fwd_bwd(attn, *local[:3], local[3]), local)
             out = _fwd_bwd(attn, *local[:3], local[3])
@@ -183,9 +185,9 @@ def main(argv=None) -> int:
             stats = [None] * cp
             dist.all_gather_object(stats, dict(ms=ms, peak=peak))
             for r, st in enumerate(stats):
-                rows.append(dict(S=s, mode=comm, rank=r, ms=st["ms"], peak_gib=st["peak"] / 2**30,
+                rows.append(dict(S=s, mode=mode, rank=r, ms=st["ms"], peak_gib=st["peak"] / 2**30,
                                  rel_err_vs_single=err if r == 0 else None))  # fmt: skip
-            per_token.setdefault(comm, []).append((s, max(st["peak"] for st in stats)))
+            per_token.setdefault(mode, []).append((s, max(st["peak"] for st in stats)))
         del q, k, v, d_out, local, ref
         torch.cuda.empty_cache()
     if rank == 0:
@@ -193,6 +195,13 @@ def main(argv=None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _modes(args):
+    """(cp_comm_type, label, extra options) of every run: a2a once per ``--head-groups`` value."""
+    for comm in args.comm:
+        for g in (args.head_groups if comm == "a2a" else [1]):
+            yield comm, comm if g == 1 else f"{comm}/{g}", {} if g == 1 else dict(head_groups=g)
 
 
 def _groups(comm: str, rank: int, cp: int):
@@ -216,13 +225,13 @@ def _report(args, rows, per_token, cp) -> None:
 
     single = {r["S"]: r["ms"] for r in rows if r["mode"] == "single" and r["ms"]}
     print(f"{torch.cuda.get_device_name()} x{cp}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    print(f"{'S':>7} {'mode':>6} {'rank':>4} {'fwd+bwd ms':>11} {'peak GiB':>9} {'speed-up':>8} {'err vs 1 GPU':>12}")
+    print(f"{'S':>7} {'mode':>10} {'rank':>4} {'fwd+bwd ms':>11} {'peak GiB':>9} {'speed-up':>8} {'err vs 1 GPU':>12}")
     for r in rows:
         ms = "-" if r["ms"] is None else f"{r['ms']:.2f}"
         up = f"{single[r['S']] / r['ms']:.2f}x" if r["mode"] != "single" and r["S"] in single and r["ms"] else ""
         err = "" if r.get("rel_err_vs_single") is None else f"{r['rel_err_vs_single']:.2e}"
         peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
-        print(f"{r['S']:>7} {r['mode']:>6} {r['rank']:>4} {ms:>11} {peak:>9} {up:>8} {err:>12}")
+        print(f"{r['S']:>7} {r['mode']:>10} {r['rank']:>4} {ms:>11} {peak:>9} {up:>8} {err:>12}")
     fits = {}
     if args.fit:
         total = torch.cuda.get_device_properties(0).total_memory

@@ -61,6 +61,17 @@ def test_a2a_dense(cp, fmt, mask):
     check(f"a2a cp={cp}", _run(case, cp, "a2a"), single_gpu(case), reference(case), case)
 
 
+@pytest.mark.parametrize("fmt,mask,cp", [("bshd", "causal", 2), ("sbhd", "no_mask", 2), ("thd", "padding_causal", 2),
+                                         ("bshd", "causal", 1)])  # fmt: skip
+def test_a2a_head_groups(fmt, mask, cp):
+    """head_groups=2 (the exchange and attention for half the heads at a time) against the fp64
+    reference and the single-GPU result, as one group is."""
+    case = make_case(fmt, mask, cp, 2 if fmt != "thd" else 6, 256 if fmt != "thd" else 160, 8, 4, 64, 64, seed=17)
+    errors = check(f"a2a head_groups=2 cp={cp}", _run(case, cp, "a2a", head_groups=2), single_gpu(case),
+                   reference(case), case)  # fmt: skip
+    print(f"a2a head_groups=2 {fmt} {mask} cp={cp}: " + error_words(errors))
+
+
 @pytest.mark.parametrize("feature", ["bias", "window", "learnable_sink"])
 def test_a2a_features_match_single_gpu(feature):
     """a2a runs te_cudnn's own attention on whole sequences: the same kernels as one GPU."""
