@@ -247,7 +247,9 @@ def _report(args, rows, per_token, cp) -> None:
                     print(f"  {mode}: {fits[mode] / fits['single']:.2f}x the single-GPU length")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), cp=cp, rows=rows, fits=fits, args=vars(args)), f, indent=1)
+            run = {k: v for k, v in vars(args).items() if k != "json"}
+            json.dump(dict(gpu=torch.cuda.get_device_name(), cp=cp, torch=torch.__version__,
+                           cudnn=torch.backends.cudnn.version(), rows=rows, fits=fits, args=run), f, indent=1)
 
 
 if __name__ == "__main__":

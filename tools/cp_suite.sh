@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Context parallelism on a machine with two GPUs (four: also cp=4 and a2a+p2p at 2 x 2); logs and JUnit XML go to the folder named by
-# the LOG_DIR environment variable (default ./gpu-logs):
+# Context parallelism on a machine with two or four GPUs; logs, JSON and JUnit XML go to the folder
+# named by the LOG_DIR environment variable (default ./gpu-logs):
 #   bash tools/cp_suite.sh
-# 1) the one-GPU CP tests and the two-GPU test (torchrun tests/cp_two_gpu.py through pytest; with
-#    four GPUs also --nproc-per-node 4: 31 PASS lines),
-# 2) examples/context_parallel.py under torchrun at S = 32K, 64K, 128K (p2p and a2a, one-GPU
-#    comparison, --fit), 3) the same sizes with --alone 2 (one rank without communication).
+# 1) the one-GPU CP tests and the multi-GPU tests (torchrun tests/cp_two_gpu.py through pytest:
+#    23 PASS lines at 2 GPUs; with four GPUs also --nproc-per-node 4: 31),
+# 2) examples/context_parallel.py under torchrun on 2 GPUs at S = 32K, 64K, 128K (p2p, a2a with
+#    head_groups 1, 2, 4; --fit), and with four GPUs at S = 64K, 128K, 256K (every comm type,
+#    a2a+p2p on a 2 x 2 grid; --fit), 3) a sliding window of 4K keys at S = 128K (p2p, a2a,
+#    all_gather) on all the GPUs. The guide's "What to expect" table comes from these runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR="${LOG_DIR:-gpu-logs}"
@@ -20,8 +22,19 @@ nvidia-smi topo -m > "$LOG_DIR/topo.txt" 2>&1
 python3 -m pytest -n 0 -p no:cacheprovider -q -rfEs -s tests/test_cp_multi_gpu.py tests/test_cp_gpu.py \
   --junitxml="$LOG_DIR/junit-cp.xml" 2>&1 | grep -v nanobind | tee "$LOG_DIR/pytest-cp.log" | grep "PASS\|passed\|failed\|Error" | tail -30
 rc=${PIPESTATUS[0]}
-torchrun --standalone --nproc-per-node 2 examples/context_parallel.py --seqlens 32768 65536 131072 --fit \
-  --json "$LOG_DIR/cp_bench.json" 2>&1 | grep -v "nanobind\|UserWarning\|return func" | tee "$LOG_DIR/cp_bench.log" | tail -20
-python3 examples/context_parallel.py --alone 2 --seqlens 32768 65536 131072 --fit --iters 3 \
-  --json "$LOG_DIR/cp_alone.json" 2>&1 | grep -v nanobind | tee "$LOG_DIR/cp_alone.log" | tail -12
+run() {  # run NAME ARGS...: one example run, its log and JSON under LOG_DIR
+  local name=$1; shift
+  "$@" --json "$LOG_DIR/$name.json" 2>&1 | grep -v "nanobind\|UserWarning\|return func\|OMP_NUM\|\*\*\*\*" \
+    | tee "$LOG_DIR/$name.log" | tail -30
+}
+gpus=$(nvidia-smi --list-gpus | wc -l)
+run cp2 env CUDA_VISIBLE_DEVICES=0,1 torchrun --standalone --nproc-per-node 2 examples/context_parallel.py \
+  --seqlens 32768 65536 131072 --comm p2p a2a --head-groups 1 2 4 --iters 3 --fit
+if [ "$gpus" -ge 4 ]; then
+  run cp4 torchrun --standalone --nproc-per-node 4 examples/context_parallel.py --seqlens 65536 131072 262144 \
+    --comm p2p a2a a2a+p2p all_gather --head-groups 1 2 --iters 3 --fit
+fi
+n=$([ "$gpus" -ge 4 ] && echo 4 || echo 2)
+run "cp${n}_window" torchrun --standalone --nproc-per-node "$n" examples/context_parallel.py --seqlens 131072 \
+  --window 4096 --comm p2p a2a all_gather --iters 3
 exit "$rc"
