@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--comm", nargs="+", default=["p2p", "a2a"], choices=["p2p", "a2a", "all_gather", "a2a+p2p"],
                    help="cp_comm_type(s); a2a+p2p runs on a (2, cp / 2) grid: all-to-all over rank pairs, rings across them")
     p.add_argument("--head-groups", type=int, nargs="+", default=[1], metavar="G",
-                   help="a2a runs once per value: the exchange and attention for h / G heads at a time (less memory)")
+                   help="a2a and p2p run once per value: h / G heads at a time (less memory)")
     p.add_argument("--window", type=int, metavar="LEFT", help="causal sliding window of LEFT keys (window_size=(LEFT, 0)), "
                    "for every run including the single-GPU one")
     p.add_argument("--heads", type=int, default=32)
@@ -198,9 +198,9 @@ def main(argv=None) -> int:
 
 
 def _modes(args):
-    """(cp_comm_type, label, extra options) of every run: a2a once per ``--head-groups`` value."""
+    """(cp_comm_type, label, extra options) of every run: a2a and p2p once per ``--head-groups`` value."""
     for comm in args.comm:
-        for g in (args.head_groups if comm == "a2a" else [1]):
+        for g in (args.head_groups if comm in ("a2a", "p2p") else [1]):
             yield comm, comm if g == 1 else f"{comm}/{g}", {} if g == 1 else dict(head_groups=g)
 
 

@@ -120,7 +120,7 @@ def measure(comm: str, cp: int, h: int, hg: int, d: int, s_local: int, monkeypat
 
 
 def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal: bool = True,
-                version: str = "now") -> float:  # fmt: skip
+                version: str = "now", head_groups: int = 1) -> float:  # fmt: skip
     """Bytes per local token a p2p rank holds at its backward's peak (the guide's "Memory per rank"),
     from the code, step by step; ``version="before"``: before the step's gradients and the
     forward's last block were released early and the ring drivers stopped holding a step's
@@ -132,6 +132,12 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
         stats = 2 * h if sect.q_half else 0  # the upper section's stats, copied contiguous (fp32, half the rows)
         return ((h / 2 if sect.q_half else h) + (hg if sect.kv_half else 2 * hg)) * d * e + stats
 
+    if head_groups > 1:  # one group's ring at a time (its own accumulators, blocks and step gradients)
+        inputs = (3 * h + 2 * hg) * d * e + 4 * h  # q, k, v, O, dO; every group's fp32 stats
+        whole = (h + 2 * hg) * d * e  # dQ, dK, dV of the caller, written group by group
+        later = (head_groups - 1) / head_groups * 2 * hg * d * e if cp > 1 else 0  # the other groups' last blocks
+        one = p2p_derived(h, hg, d, e, cp, rank, causal) - (3 * h + 2 * hg) * d * e - 4 * h
+        return inputs + whole + later + one / head_groups
     fixed = (3 * h + 2 * hg) * d * e + 4 * h + 4 * h * d  # q, k, v, O (saved), dO; the fp32 stats; fp32 dQ
     peak = 0.0
     for i in range(cp):

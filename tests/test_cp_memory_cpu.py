@@ -52,6 +52,17 @@ def test_a2a_head_groups_shrink_the_backward_peak(monkeypatch, cp, groups):
     assert got < a2a_derived(H, HG, D, E, cp) - SLACK
 
 
+@pytest.mark.parametrize("cp,groups", [(1, 2), (2, 2), (3, 4), (4, 2)])
+def test_p2p_head_groups_shrink_the_backward_peak(monkeypatch, cp, groups):
+    """head_groups=G: one group's ring at a time (fp32 accumulators, blocks in flight, a step's
+    gradients and, on a GPU, cuDNN's workspace); the gradients of q, k, v are made whole once."""
+    got = measure("p2p", cp, H, HG, D, S_LOCAL, monkeypatch, rank=cp - 1, head_groups=groups)["bwd"]
+    want = p2p_derived(H, HG, D, E, cp, cp - 1, head_groups=groups)
+    assert want - SLACK <= got <= want + SLACK, (got, want)
+    if cp > 1:
+        assert got < p2p_derived(H, HG, D, E, cp, cp - 1) - SLACK
+
+
 def test_a2a_head_groups_decline_before_any_exchange(monkeypatch):
     """hg = 4 heads cannot be split into 2 groups over 4 ranks: declined with the reason."""
     from te_cudnn import UnsupportedConfigError

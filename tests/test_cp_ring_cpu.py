@@ -346,3 +346,51 @@ def test_a2a_head_groups_equal_one_group(monkeypatch, cp, groups, fmt, mask, sof
     want = _full_reference(q, k, v, d_out, mask, fmt, (-1, -1))[0] if softmax_type == "vanilla" else None
     if want is not None:
         assert (results[1][0].double() - want).abs().max().item() <= 2e-2 * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("cp,groups,fmt,mask,softmax_type,window", [
+    (2, 2, "bshd", "causal", "vanilla", None), (3, 4, "sbhd", "no_mask", "learnable", None),
+    (4, 2, "bshd", "causal", "off_by_one", (6, 0)), (2, 2, "bshd", "causal", "learnable", (6, 0)),
+    (1, 2, "sbhd", "causal", "vanilla", None),
+])  # fmt: skip
+def test_p2p_head_groups_equal_one_group(monkeypatch, cp, groups, fmt, mask, softmax_type, window):
+    """head_groups=G (the whole ring once per head group, forward and backward) gives the outputs
+    and gradients of one group bit for bit (the sink logits' gradient to rounding), and the fp64
+    reference."""
+    install(monkeypatch, ring_mod)
+    g = torch.Generator().manual_seed(cp * 11 + groups)
+    b, s, h, hg, d = 1, 8 * cp, 8, 4, 16
+    shape = lambda n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
+    q, k, v, d_out = (torch.randn(shape(n), generator=g).bfloat16() for n in (h, hg, hg, h))
+    sink = torch.randn(1, h, 1, 1, generator=g)
+    extra = {} if window is None else dict(window_size=window)
+    results = []
+    for head_groups in (1, groups):
+        parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
+        offset = sink.clone().requires_grad_() if softmax_type == "learnable" else None
+        outs = simulate_context_parallel(*parts, "p2p", qkv_format=fmt, attn_mask_type=mask, head_groups=head_groups,
+                                         softmax_type=softmax_type, softmax_offset=offset, **extra)  # fmt: skip
+        torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
+        results.append([unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
+                       + ([] if offset is None else [offset.grad]))  # fmt: skip
+    for name, one, grouped in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(one, grouped), name
+    if softmax_type == "learnable":  # the same terms, summed over fewer heads at a time
+        torch.testing.assert_close(results[0][4], results[1][4], rtol=1e-5, atol=1e-6)
+    if softmax_type == "vanilla":
+        full_window = (-1, -1) if window is None else (window[0], 0 if mask == "causal" else window[1])
+        want = _full_reference(q, k, v, d_out, mask, fmt, full_window)
+        for got, ref in zip(results[1], want):
+            assert (got.double() - ref).abs().max().item() <= 2e-2 * max(1.0, ref.abs().max().item())
+
+
+def _opts(comm: str, head_groups: int):
+    return _options(comm, "bshd", "causal", None, 0.0, False, None, None, None, "vanilla", None, True, head_groups)
+
+
+def test_head_groups_decline_with_reasons():
+    q, k = torch.zeros(1, 8, 6, 16), torch.zeros(1, 8, 4, 16)
+    assert any("divisible by 4" in w for w in cp_decline_reasons(_opts("p2p", head_groups=4), 2, q, k, k))
+    assert any("for cp_comm_type='a2a' or 'p2p'" in w for w in cp_decline_reasons(_opts("all_gather", head_groups=2), 2, q, k, k))
+    with pytest.raises(ValueError, match="head_groups must be a positive int"):
+        _opts("p2p", head_groups=0)

@@ -13,14 +13,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..autograd import AttnOptions, _readable_grad, attend_fp8
+from ..autograd import AttnOptions, attend_fp8
 from ..config.checks import check_softmax_offset
 from ..enums import SoftmaxType
 from ..errors import UnsupportedConfigError
 from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
 from .hierarchical import a2a_p2p_attention, check_layout, grid_groups
-from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, backward_program, draw_rng_states, forward_program
-from .ring_sink import add_sink, sink_grad, sink_logits
+from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, draw_rng_states
+from .ring_attn import RingAttn, RingJob
 from .schedule import ring_window, single_key_tiles
 from .transport import (AllToAll, LoopbackAllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
                         reduce_scatter_simulated, run_loopback, run_on_group, run_simulated)
@@ -78,7 +78,7 @@ def _options(cp_comm_type, qkv_format, attn_mask_type, attn_scale, dropout, dete
     bias_type = attn_bias_type or ("no_bias" if attn_bias is None else "post_scale_bias")
     window = (-1, 0 if "causal" in mask else -1) if window_size is None else tuple(window_size)
     if isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups < 1:
-        raise ValueError(f"head_groups must be a positive int (the head groups a2a runs one after another), got "
+        raise ValueError(f"head_groups must be a positive int (the head groups a2a or p2p runs one after another), got "
                          f"{head_groups!r}")  # fmt: skip
     return CpOptions(comm, fmt, mask, attn_scale, float(dropout) if training else 0.0, bool(deterministic), window,
                      bias_type, softmax_type, fp8_meta is not None, head_groups)  # fmt: skip
@@ -120,8 +120,11 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
         why.append(f"a2a with head_groups={o.head_groups} splits each of {o.head_groups} head groups over the "
                    f"ranks: h={q.shape[-2]} and hg={k.shape[-2]} must be divisible by head_groups * cp = "
                    f"{o.head_groups * cp} (use fewer head groups)")  # fmt: skip
-    if o.head_groups > 1 and o.comm != "a2a":
-        why.append(f"head_groups={o.head_groups} is for cp_comm_type='a2a' (pass head_groups=1)")
+    if o.head_groups > 1 and o.comm not in ("a2a", "p2p"):
+        why.append(f"head_groups={o.head_groups} is for cp_comm_type='a2a' or 'p2p' (pass head_groups=1)")
+    if o.head_groups > 1 and o.comm == "p2p" and (q.shape[-2] % o.head_groups or k.shape[-2] % o.head_groups):
+        why.append(f"p2p with head_groups={o.head_groups} runs the ring once per head group: h={q.shape[-2]} and "
+                   f"hg={k.shape[-2]} must be divisible by {o.head_groups} (use fewer head groups)")  # fmt: skip
     if o.head_groups > 1 and o.fp8:
         why.append(f"head_groups={o.head_groups} with FP8 (fp8_meta): the FP8 scales are per tensor, not per head "
                    f"group (pass head_groups=1)")  # fmt: skip
@@ -213,57 +216,6 @@ def _all_gather_reasons(o: CpOptions, s_q: int, s_kv: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _RingJob:
-    specs: tuple[RingSpec, ...]
-    tiles: tuple[Any, ...]
-    rng_states: tuple[Optional[torch.Tensor], ...]
-    run: Callable[[list], list]
-    softmax_type: str = "vanilla"
-
-
-class _RingAttn(torch.autograd.Function):
-    """The ring over the listed ranks (one on a process group, all ``cp`` in a simulation):
-    ``_RingAttn.apply(job, softmax_offset, *qs, *ks, *vs) -> outs``; differentiable in q, k, v
-    and (``learnable``: summed over the listed ranks) the sink logits."""
-
-    @staticmethod
-    def forward(ctx, job: _RingJob, offset: Optional[torch.Tensor], *tensors: torch.Tensor):
-        n = len(job.specs)
-        qs, ks, vs = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-        results = job.run([forward_program(*a) for a in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states)])
-        sink = sink_logits(job.softmax_type, offset, qs[0].shape[-2], qs[0].device)
-        if sink is not None:  # once per row, after every block (te_cudnn.parallel.ring_sink)
-            for (acc, lse, *_), spec in zip(results, job.specs):
-                add_sink(acc, lse, sink, spec.fmt)
-        outs = tuple(acc.to(q.dtype) for (acc, *_), q in zip(results, qs))
-        ctx.job, ctx.sink, ctx.aux = job, sink, [r[1:] for r in results]  # (lse, rng states, last packet) per rank
-        ctx.save_for_backward(*qs, *ks, *vs, *outs)
-        return outs
-
-    @staticmethod
-    def backward(ctx, *d_outs: Optional[torch.Tensor]):
-        job, n, saved = ctx.job, len(ctx.job.specs), ctx.saved_tensors
-        qs, ks, vs, outs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n], saved[3 * n :]
-        d_outs = [torch.zeros_like(o) if d is None else _readable_grad(d) for d, o in zip(d_outs, outs)]
-        if len(ctx.aux[0]) < 3:
-            raise RuntimeError("the p2p ring's backward runs once: it frees the forward's last key/value block as it "
-                               "goes (retain_graph=True is not supported for cp_comm_type='p2p')")  # fmt: skip
-        aux, ctx.aux = ctx.aux, [a[:1] for a in ctx.aux]  # the programs own the last blocks (freed as they go)
-        programs = [backward_program(s, t, q, k, v, o, d, *a)
-                    for s, t, q, k, v, o, d, a in zip(job.specs, job.tiles, qs, ks, vs, outs, d_outs, aux)]  # fmt: skip
-        del aux
-        grads = job.run(programs)
-        dqs = [g[0].to(q.dtype) for g, q in zip(grads, qs)]
-        dks = [g[1].to(k.dtype) for g, k in zip(grads, ks)]
-        dvs = [g[2].to(v.dtype) for g, v in zip(grads, vs)]
-        d_offset = None
-        if ctx.needs_input_grad[1] and job.softmax_type == "learnable":
-            d_offset = sum(sink_grad(o, d, aux[0], ctx.sink, s.fmt)
-                           for o, d, aux, s in zip(outs, d_outs, ctx.aux, job.specs))  # fmt: skip
-        return (None, d_offset, *dqs, *dks, *dvs)
-
-
-@dataclass(frozen=True)
 class _Call:
     """One context-parallel call, for the ranks ``ranks`` of a group of size ``cp``."""
 
@@ -283,11 +235,17 @@ class _Call:
                              qs[0].shape[-2], qs[0])  # fmt: skip
         specs = tuple(RingSpec(self.cp, r, o.fmt, o.causal, o.attn_scale, o.dropout, o.deterministic) for r in self.ranks)
         tiles = tuple(self._tiles(s, q, k) for s, q, k in zip(specs, qs, ks))
-        rngs = tuple(draw_rng_states(s, q.device, self.rng_gen) if o.dropout else None for s, q in zip(specs, qs))
-        if rng_shift:
-            rngs = tuple(None if r is None else r + torch.tensor([rng_shift, 0], device=r.device) for r in rngs)
-        job = _RingJob(specs, tiles, rngs, run, o.softmax_type)
-        return list(_RingAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
+        groups = o.head_groups if o.comm == "p2p" else 1
+
+        def draw(s: RingSpec, device: torch.device) -> Optional[torch.Tensor]:  # every head group its own masks
+            if not o.dropout:
+                return None
+            states = draw_rng_states(s, device, self.rng_gen)
+            return states + torch.tensor([rng_shift, 0], device=device) if rng_shift else states
+
+        rngs = tuple(tuple(draw(s, q.device) for s, q in zip(specs, qs)) for _ in range(groups))
+        job = RingJob(specs, tiles, rngs, run, o.softmax_type, groups)
+        return list(RingAttn.apply(job, shared(softmax_offset), *qs, *ks, *vs))
 
     def a2a_p2p(self, qs, ks, vs, layout: tuple[int, int], exchange, run: Callable[[list], list],
                 ring_ranks: tuple[int, ...], groups: tuple, softmax_offset: Optional[torch.Tensor],

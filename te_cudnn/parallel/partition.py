@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import torch
 
 __all__ = [
+    "group_heads",
     "dual_chunks",
     "seq_dim",
     "split_sequence",
@@ -279,3 +280,9 @@ def unshard(
         _require_padded(qkv_format, cu_seqlens_padded)
         return gather_thd(parts, cu_seqlens_padded)
     return gather_sequence(parts, qkv_format)
+
+
+def group_heads(x: torch.Tensor, g: int, groups: int) -> torch.Tensor:
+    """Heads of group ``g`` of ``groups`` equal head groups of ``x`` ``[..., h, d]`` (a view)."""
+    n = x.shape[-2] // groups
+    return x if groups == 1 else x.narrow(-2, g * n, n)

@@ -30,9 +30,10 @@ import torch
 from ..autograd import AttnOptions, _readable_grad
 from ..ops import fused_attn_bwd, fused_attn_fwd
 from ..varlen import BatchLengths
+from .partition import group_heads
 from .ulysses import ExchangeAll, heads_to_sequence, sequence_to_heads
 
-__all__ = ["A2aJob", "GroupedA2A", "group_heads"]
+__all__ = ["A2aJob", "GroupedA2A"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,6 @@ class A2aJob:
     options: AttnOptions
     rng_gen: Optional[torch.Generator]
     exchange: ExchangeAll
-
-
-def group_heads(x: torch.Tensor, g: int, groups: int) -> torch.Tensor:
-    """Heads of group ``g`` of ``x`` ``[..., h, d]`` (a view)."""
-    n = x.shape[-2] // groups
-    return x if groups == 1 else x.narrow(-2, g * n, n)
 
 
 def _rank_heads(t: Optional[torch.Tensor], g: int, rank: int, job: A2aJob, heads: int) -> Optional[torch.Tensor]:
