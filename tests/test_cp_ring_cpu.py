@@ -392,5 +392,7 @@ def test_head_groups_decline_with_reasons():
     q, k = torch.zeros(1, 8, 6, 16), torch.zeros(1, 8, 4, 16)
     assert any("divisible by 4" in w for w in cp_decline_reasons(_opts("p2p", head_groups=4), 2, q, k, k))
     assert any("for cp_comm_type='a2a' or 'p2p'" in w for w in cp_decline_reasons(_opts("all_gather", head_groups=2), 2, q, k, k))
+    thd = _options("p2p", "thd", "padding_causal", None, 0.0, False, None, None, None, "vanilla", None, True, 2)
+    assert any("packed strides" in w for w in cp_decline_reasons(thd, 2, q[0], k[0], k[0]))
     with pytest.raises(ValueError, match="head_groups must be a positive int"):
         _opts("p2p", head_groups=0)

@@ -4,7 +4,7 @@
 #   bash tools/cp_suite.sh
 # 1) the one-GPU CP tests and the multi-GPU tests (torchrun tests/cp_two_gpu.py through pytest:
 #    23 PASS lines at 2 GPUs; with four GPUs also --nproc-per-node 4: 31),
-# 2) examples/context_parallel.py under torchrun on 2 GPUs at S = 32K, 64K, 128K (p2p, a2a with
+# 2) examples/context_parallel.py under torchrun on 2 GPUs at S = 32K, 64K, 128K (p2p and a2a with
 #    head_groups 1, 2, 4; --fit), and with four GPUs at S = 64K, 128K, 256K (every comm type,
 #    a2a+p2p on a 2 x 2 grid; --fit), 3) a sliding window of 4K keys at S = 128K (p2p, a2a,
 #    all_gather) on all the GPUs. The guide's "What to expect" table comes from these runs.

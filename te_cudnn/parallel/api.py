@@ -122,6 +122,10 @@ def cp_decline_reasons(o: CpOptions, cp: int, q: torch.Tensor, k: torch.Tensor, 
                    f"{o.head_groups * cp} (use fewer head groups)")  # fmt: skip
     if o.head_groups > 1 and o.comm not in ("a2a", "p2p"):
         why.append(f"head_groups={o.head_groups} is for cp_comm_type='a2a' or 'p2p' (pass head_groups=1)")
+    if o.head_groups > 1 and o.comm == "p2p" and o.fmt == "thd":
+        why.append(f"p2p with head_groups={o.head_groups} and qkv_format='thd': the ring attends views of one head "
+                   f"group, and THD tensors must have packed strides (use head_groups=1, or cp_comm_type='a2a' "
+                   f"with head_groups)")  # fmt: skip
     if o.head_groups > 1 and o.comm == "p2p" and (q.shape[-2] % o.head_groups or k.shape[-2] % o.head_groups):
         why.append(f"p2p with head_groups={o.head_groups} runs the ring once per head group: h={q.shape[-2]} and "
                    f"hg={k.shape[-2]} must be divisible by {o.head_groups} (use fewer head groups)")  # fmt: skip
