@@ -17,56 +17,24 @@ import pytest
 import torch
 
 import te_cudnn.parallel.ring as ring_mod
-from _cp_standin import from_bhsd, install, math_bwd, math_fwd, to_bhsd
+from _cp_cpu import bf16 as _bf16
+from _cp_cpu import close as _close
+from _cp_cpu import HEADS, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
+from _cp_cpu import reference as _reference
+from _cp_standin import math_bwd, math_fwd
 from te_cudnn import UnsupportedConfigError
-from te_cudnn.parallel import cp_decline_reasons, pad_cu_seqlens, shard, simulate_context_parallel, unshard
+from te_cudnn.parallel import cp_decline_reasons, pad_cu_seqlens, shard, simulate_context_parallel
 from te_cudnn.parallel.api import _options
 from te_cudnn.parallel.hierarchical import grid_groups
 from te_cudnn.parallel.ulysses import heads_to_sequence, simulated_exchange
-from te_cudnn.reference import attention_reference
-
-
-@pytest.fixture
-def math_kernels(monkeypatch):
-    install(monkeypatch, ring_mod)
-
-
-HEADS = {"mha": (4, 4, 16, 16), "gqa": (4, 2, 16, 8)}
 
 
 def _case(cp, fmt, heads, c=3, b=2, seed=0):
-    h, hg, d_qk, d_v = HEADS[heads]
-    s = 2 * cp * c
-    g = torch.Generator().manual_seed(seed)
-    shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
-    q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
-    v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
-    return q, k, v, torch.randn(shape(h, d_v), generator=g).bfloat16()
+    return dense_case(cp, fmt, HEADS[heads], c, b, seed)
 
 
 def _run(layout, fmt, q, k, v, d_out, **options):
-    cp = layout[0] * layout[1]
-    parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
-    outs = simulate_context_parallel(*parts, "a2a+p2p", cp_layout=layout, qkv_format=fmt, **options)
-    torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
-    return [unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
-
-
-def _reference(q, k, v, d_out, mask, fmt, window, softmax_type="vanilla", offset=None):
-    leaves = [to_bhsd(t, fmt).double().requires_grad_() for t in (q, k, v)]
-    off = None if offset is None else offset.detach().double().requires_grad_()
-    out = attention_reference(*leaves, attn_mask_type=mask, window_size=window, compute_dtype=torch.float64,
-                              softmax_type=softmax_type, softmax_offset=off).out  # fmt: skip
-    out.backward(to_bhsd(d_out, fmt).double())
-    grads = [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves]
-    return grads, (None if off is None else off.grad)
-
-
-def _close(got, ref, what):
-    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
-        assert x.dtype == torch.bfloat16 and x.shape == y.shape, f"{what} {name}"
-        err = (x.double() - y).abs().max().item()
-        assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{what} {name}: max error {err}"
+    return simulate("a2a+p2p", layout[0] * layout[1], fmt, q, k, v, d_out, cp_layout=layout, **options)
 
 
 @pytest.mark.parametrize("a2a,p2p,fmt", [(2, 2, "bshd"), (2, 2, "sbhd"), (1, 3, "bshd"), (2, 3, "sbhd")])
@@ -148,10 +116,6 @@ def test_a2a_p2p_sinks(math_kernels, softmax_type, layout, mask, window):
     _close(got, ref, f"a2a+p2p {softmax_type} {layout}")
     if offset is not None:
         torch.testing.assert_close(offset.grad.double(), d_offset, atol=2e-2, rtol=2e-2)
-
-
-def _bf16(*shape):
-    return torch.zeros(shape, dtype=torch.bfloat16)
 
 
 @pytest.fixture
@@ -268,11 +232,7 @@ def _gloo_worker(rank: int, world: int, port: int, a2a: int, fmt: str, mask: str
     plain = context_parallel_attention(*(x.detach() for x in local), [a2a_group, p2p_group], "a2a+p2p",
                                        qkv_format=fmt, attn_mask_type=mask)  # fmt: skip
     assert torch.equal(module(*(x.detach() for x in local)), plain.flatten(-2)), "the module runs the same attention"
-    gathered = []
-    for t in (out.detach(), *(x.grad for x in local)):
-        parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t.contiguous())
-        gathered.append(unshard(parts, fmt))
+    gathered = gather_results(out, local, world, fmt)
     if rank == 0:
         ref, d_offset = _reference(q, k, v, d_out, mask, fmt, (-1, 0 if mask == "causal" else -1), "learnable", offset)
         errs = [((x.double() - y).abs().max() / y.abs().max()).item() for x, y in zip(gathered, ref)]
@@ -287,16 +247,5 @@ def _gloo_worker(rank: int, world: int, port: int, a2a: int, fmt: str, mask: str
 @pytest.mark.slow
 def test_over_real_process_groups_on_cpu(tmp_path, world, a2a, fmt, mask):
     """a2a+p2p over torch.distributed (gloo on CPU processes), the two levels made with new_group."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    report = tmp_path / "errors.txt"
-    mp.spawn(_gloo_worker, args=(world, port, a2a, fmt, mask, str(report)), nprocs=world, join=True)
-    errs = [float(x) for x in report.read_text().split()]
+    errs = spawn_gloo(_gloo_worker, tmp_path, world, a2a, fmt, mask)
     assert len(errs) == 5 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv", "d_sink"), errs))

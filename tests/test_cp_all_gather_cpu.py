@@ -17,55 +17,26 @@ import pytest
 import torch
 
 import te_cudnn.parallel.all_gather as ag_mod
-from _cp_standin import CALLS, from_bhsd, install, math_bwd, math_fwd, to_bhsd
-from te_cudnn import UnsupportedConfigError
-from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
+from _cp_cpu import bf16 as _bf16
+from _cp_cpu import close as _close
+from _cp_cpu import HEADS as CP_HEADS
+from _cp_cpu import declines_before, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
+from _cp_cpu import reference as _reference
+from _cp_standin import CALLS, math_bwd, math_fwd
+from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
 from te_cudnn.parallel.all_gather import AgSpec, key_range, plan_tiles
 from te_cudnn.parallel.api import _options
-from te_cudnn.reference import attention_reference
-
-
-@pytest.fixture
-def math_kernels(monkeypatch):
-    install(monkeypatch, ag_mod)
-
-
-def _reference(q, k, v, d_out, mask, fmt, window, softmax_type="vanilla", offset=None):
-    leaves = [to_bhsd(t, fmt).double().requires_grad_() for t in (q, k, v)]
-    off = None if offset is None else offset.detach().double().requires_grad_()
-    out = attention_reference(*leaves, attn_mask_type=mask, window_size=window, compute_dtype=torch.float64,
-                              softmax_type=softmax_type, softmax_offset=off).out  # fmt: skip
-    out.backward(to_bhsd(d_out, fmt).double())
-    grads = [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves]
-    return grads, (None if off is None else off.grad)
 
 
 def _case(cp, fmt, heads, s_chunk=3, b=2, seed=0):
-    h, hg, d_qk, d_v = heads
-    s = 2 * cp * s_chunk
-    g = torch.Generator().manual_seed(seed)
-    shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
-    q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
-    v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
-    d_out = torch.randn(shape(h, d_v), generator=g).bfloat16()
-    return q, k, v, d_out
+    return dense_case(cp, fmt, heads, s_chunk, b, seed)
 
 
 def _run(cp, fmt, q, k, v, d_out, **options):
-    parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
-    outs = simulate_context_parallel(*parts, "all_gather", qkv_format=fmt, **options)
-    torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
-    return [unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
+    return simulate("all_gather", cp, fmt, q, k, v, d_out, **options)
 
 
-def _close(got, ref, what):
-    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
-        assert x.dtype == torch.bfloat16 and x.shape == y.shape, f"{what} {name}"
-        err = (x.double() - y).abs().max().item()
-        assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{what} {name}: max error {err}"
-
-
-HEADS = {"mha": (4, 4, 16, 16), "gqa": (4, 2, 16, 8), "mqa": (4, 1, 8, 16)}
+HEADS = {**CP_HEADS, "mqa": (4, 1, 8, 16)}
 WINDOWS = {"causal": [None, (2, 0), (0, 0)], "no_mask": [None, (3, 1), (-1, 2), (4, -1), (0, 0)]}
 _CASES = [(cp, fmt, mask, w, heads) for cp, fmt, mask, heads in itertools.product(
     (1, 2, 3, 4), ("bshd", "sbhd"), ("causal", "no_mask"), HEADS) for w in WINDOWS[mask]]  # fmt: skip
@@ -146,10 +117,6 @@ def test_key_range_shifts_the_window_to_the_slice():
     assert len(plan_tiles(AgSpec(2, "bshd", False, (-1, -1)), 1, 8, 8)) == 1
 
 
-def _bf16(*shape):
-    return torch.zeros(shape, dtype=torch.bfloat16)
-
-
 @pytest.mark.parametrize("kwargs,q_shape,k_len,match", [
     (dict(attn_bias_type="post_scale_bias"), (2, 8, 4, 16), 8, "attn_bias_type='post_scale_bias'"),
     (dict(dropout=0.1), (2, 8, 4, 16), 8, "dropout=0.1 with a causal mask"),
@@ -161,15 +128,7 @@ def _bf16(*shape):
     (dict(), (2, 7, 4, 16), 7, "two equal chunks"),
 ])  # fmt: skip
 def test_declines_with_reasons_before_communication(monkeypatch, kwargs, q_shape, k_len, match):
-    def no_collective(xs):
-        raise AssertionError("a declined call communicated")
-
-    monkeypatch.setattr("te_cudnn.parallel.api.all_gather_simulated", no_collective)
-    q = _bf16(*q_shape)
-    k = _bf16(q_shape[0], k_len, 2, q_shape[3])
-    with pytest.raises(UnsupportedConfigError, match=match) as info:
-        simulate_context_parallel([q, q], [k, k], [k, k], "all_gather", **kwargs)
-    assert "cp_comm_type='all_gather'" in str(info.value)
+    declines_before(monkeypatch, "all_gather_simulated", "all_gather", kwargs, q_shape, k_len, match)
 
 
 def test_declines_thd_and_fp8_naming_the_alternative():
@@ -237,11 +196,7 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
     plain = context_parallel_attention(*(x.detach() for x in local), dist.group.WORLD, "all_gather", qkv_format=fmt,
                                        attn_mask_type=mask, window_size=window)  # fmt: skip
     assert torch.equal(module(*(x.detach() for x in local)), plain.flatten(-2)), "the module runs the same attention"
-    gathered = []
-    for t in (out.detach(), *(x.grad for x in local)):
-        parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t.contiguous())
-        gathered.append(unshard(parts, fmt))
+    gathered = gather_results(out, local, world, fmt)
     if rank == 0:
         full_window = (-1, 0 if mask == "causal" else -1) if window is None else window
         ref, d_offset = _reference(q, k, v, d_out, mask, fmt, full_window, "learnable", offset)
@@ -258,16 +213,5 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
 def test_over_a_real_process_group_on_cpu(tmp_path, fmt, mask, window, world):
     """all_gather over torch.distributed (gloo on CPU processes): the collectives between real
     ranks, autograd, the learnable sink's gradient summed over the group, the module."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    report = tmp_path / "errors.txt"
-    mp.spawn(_gloo_worker, args=(world, port, fmt, mask, window, str(report)), nprocs=world, join=True)
-    errs = [float(x) for x in report.read_text().split()]
+    errs = spawn_gloo(_gloo_worker, tmp_path, world, fmt, mask, window)
     assert len(errs) == 5 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv", "d_sink"), errs))

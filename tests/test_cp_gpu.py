@@ -26,6 +26,19 @@ def _run(case, cp: int, comm: str, **options) -> list[torch.Tensor]:
                                                                     for ps in parts]  # fmt: skip
 
 
+def _sink_run(label: str, case, cp: int, comm: str, softmax_type: str, window, **options) -> None:
+    """``comm`` over ``cp`` ranks with an attention sink (a fresh learnable logit per head, or
+    off_by_one) and ``window``, checked by :func:`check_sinks` against the reference and one GPU."""
+    h = case.q.shape[-2]
+    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
+    if window is not None:
+        extra["window_size"] = window
+    got = _run(case, cp, comm, **options, **extra)
+    grad_cp = None if shared is None else shared.grad.clone()
+    print(f"{label}: {error_words(check_sinks(label, case, got, grad_cp, shared, extra))}")
+
+
 
 _RING = [(cp, "bshd", "causal", "gqa") for cp in (2, 3, 4, 8)] + [
     (2, "sbhd", "causal", "mha"), (4, "sbhd", "no_mask", "gqa"), (2, "bshd", "no_mask", "mla"),
@@ -138,16 +151,8 @@ def test_ring_sinks_match_single_gpu(softmax_type, cp, fmt, mask, window):
     """p2p with an attention sink (vanilla kernels, the sink folded in after the ring): output
     and gradients, and the learnable sink's gradient summed over the ranks, equal te_cudnn's
     single-GPU sink attention."""
-    h = 8
-    case = make_case(fmt, mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=31 + cp)
-    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
-    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
-    if window is not None:
-        extra["window_size"] = window
-    got = _run(case, cp, "p2p", **extra)
-    grad_cp = None if shared is None else shared.grad.clone()
-    label = f"p2p cp={cp} {fmt} {mask} {softmax_type} {window}"
-    print(f"{label}: {error_words(check_sinks(label, case, got, grad_cp, shared, extra))}")
+    case = make_case(fmt, mask, cp, 2, 128 * cp, 8, 2, 64, 64, seed=31 + cp)
+    _sink_run(f"p2p cp={cp} {fmt} {mask} {softmax_type} {window}", case, cp, "p2p", softmax_type, window)
 
 
 def test_ring_dropout_backward_replays_forward_masks():
@@ -203,16 +208,8 @@ def test_all_gather_dense(cp, fmt, mask, heads, window):
 def test_all_gather_sinks_match_single_gpu(softmax_type, cp, mask, window):
     """The sink enters each row once (one call per query chunk); the learnable sink's gradient
     is summed over the chunks and ranks."""
-    h = 8
-    case = make_case("bshd", mask, cp, 2, 128 * cp, h, 2, 64, 64, seed=21 + cp)
-    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
-    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
-    if window is not None:
-        extra["window_size"] = window
-    got = _run(case, cp, "all_gather", **extra)
-    grad_cp = None if shared is None else shared.grad.clone()
-    label = f"all_gather cp={cp} {mask} {softmax_type} {window}"
-    print(f"{label}: {error_words(check_sinks(label, case, got, grad_cp, shared, extra))}")
+    case = make_case("bshd", mask, cp, 2, 128 * cp, 8, 2, 64, 64, seed=21 + cp)
+    _sink_run(f"all_gather cp={cp} {mask} {softmax_type} {window}", case, cp, "all_gather", softmax_type, window)
 
 
 def test_all_gather_dropout_backward_replays_forward_masks():
@@ -277,13 +274,5 @@ def test_a2a_p2p_thd(layout, mask):
 def test_a2a_p2p_window_and_sinks_match_single_gpu(softmax_type, window):
     """a2a+p2p (2 x 2) with the ring's windows and sinks: each ring folds in its heads' sink
     logits; the learnable sink's gradient summed over the grid equals the single-GPU one."""
-    layout, cp, h = (2, 2), 4, 8
-    case = make_case("bshd", "causal", cp, 2, 128 * cp, h, 2, 64, 64, seed=51)
-    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
-    extra = dict(softmax_type=softmax_type, softmax_offset=shared)
-    if window is not None:
-        extra["window_size"] = window
-    got = _run(case, cp, "a2a+p2p", cp_layout=layout, **extra)
-    grad_cp = None if shared is None else shared.grad.clone()
-    label = f"a2a+p2p 2x2 {softmax_type} {window}"
-    print(f"{label}: {error_words(check_sinks(label, case, got, grad_cp, shared, extra))}")
+    case = make_case("bshd", "causal", 4, 2, 128 * 4, 8, 2, 64, 64, seed=51)
+    _sink_run(f"a2a+p2p 2x2 {softmax_type} {window}", case, 4, "a2a+p2p", softmax_type, window, cp_layout=(2, 2))

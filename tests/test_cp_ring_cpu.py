@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import te_cudnn.parallel.ring as ring_mod
+from _cp_cpu import gather_results, spawn_gloo
 from _cp_standin import from_bhsd, install, math_bwd, math_fwd, to_bhsd
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
@@ -196,11 +197,7 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
                                  cp_comm_type=comm)  # fmt: skip
     flat = module(*(x.detach() for x in local))  # heads flattened, as TE's module returns it
     assert torch.equal(flat, out.detach().flatten(-2)), "the module with cp_group runs the same attention"
-    gathered = []
-    for t in (out.detach(), *(x.grad for x in local)):
-        parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t.contiguous())
-        gathered.append(unshard(parts, fmt))
+    gathered = gather_results(out, local, world, fmt)
     if rank == 0:
         ref = _full_reference(q, k, v, d_out, mask, fmt)
         errs = [((x.double() - y).abs().max() / y.abs().max()).item() for x, y in zip(gathered, ref)]
@@ -215,18 +212,7 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
 def test_over_a_real_process_group_on_cpu(tmp_path, comm, fmt, mask, world):
     """context_parallel_attention over torch.distributed (gloo on CPU processes): the ring's
     batched isend/irecv between real ranks, the all-to-all, autograd, the results gathered."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    report = tmp_path / "errors.txt"
-    mp.spawn(_gloo_worker, args=(world, port, comm, fmt, mask, str(report)), nprocs=world, join=True)
-    errs = [float(x) for x in report.read_text().split()]
+    errs = spawn_gloo(_gloo_worker, tmp_path, world, comm, fmt, mask)
     assert len(errs) == 4 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv"), errs))
 
 

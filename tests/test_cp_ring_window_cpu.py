@@ -17,54 +17,23 @@ import pytest
 import torch
 
 import te_cudnn.parallel.ring as ring_mod
-from _cp_standin import CALLS, from_bhsd, install, math_bwd, math_fwd, to_bhsd
-from te_cudnn import UnsupportedConfigError
-from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
+from _cp_cpu import bf16 as _bf16
+from _cp_cpu import close as _close
+from _cp_cpu import HEADS, declines_before, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
+from _cp_cpu import reference as _reference
+from _cp_standin import CALLS, math_bwd, math_fwd
+from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
 from te_cudnn.parallel.api import _options
 from te_cudnn.parallel.schedule import ring_window, single_key_tiles, window_calls
-from te_cudnn.reference import allowed_mask, attention_reference
-
-
-@pytest.fixture
-def math_kernels(monkeypatch):
-    install(monkeypatch, ring_mod)
-
-
-HEADS = {"mha": (4, 4, 16, 16), "gqa": (4, 2, 16, 8)}
+from te_cudnn.reference import allowed_mask
 
 
 def _case(cp, fmt, heads, c=4, b=2, seed=0):
-    h, hg, d_qk, d_v = HEADS[heads]
-    s = 2 * cp * c
-    g = torch.Generator().manual_seed(seed)
-    shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
-    q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
-    v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
-    return q, k, v, torch.randn(shape(h, d_v), generator=g).bfloat16()
+    return dense_case(cp, fmt, HEADS[heads], c, b, seed)
 
 
 def _run(cp, fmt, q, k, v, d_out, **options):
-    parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
-    outs = simulate_context_parallel(*parts, "p2p", qkv_format=fmt, **options)
-    torch.autograd.backward(outs, [shard(d_out, cp, r, fmt) for r in range(cp)])
-    return [unshard(outs, fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
-
-
-def _reference(q, k, v, d_out, mask, fmt, window, softmax_type="vanilla", offset=None):
-    leaves = [to_bhsd(t, fmt).double().requires_grad_() for t in (q, k, v)]
-    off = None if offset is None else offset.detach().double().requires_grad_()
-    out = attention_reference(*leaves, attn_mask_type=mask, window_size=window, compute_dtype=torch.float64,
-                              softmax_type=softmax_type, softmax_offset=off).out  # fmt: skip
-    out.backward(to_bhsd(d_out, fmt).double())
-    grads = [from_bhsd(out.detach(), fmt)] + [from_bhsd(t.grad, fmt) for t in leaves]
-    return grads, (None if off is None else off.grad)
-
-
-def _close(got, ref, what):
-    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
-        assert x.dtype == torch.bfloat16 and x.shape == y.shape, f"{what} {name}"
-        err = (x.double() - y).abs().max().item()
-        assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{what} {name}: max error {err}"
+    return simulate("p2p", cp, fmt, q, k, v, d_out, **options)
 
 
 def _full(mask, window):
@@ -174,10 +143,6 @@ def test_window_calls_cover_the_window_exactly(cp, c):
             assert torch.equal(seen, full[chunks(r)].long()), (window, r)
 
 
-def _bf16(*shape):
-    return torch.zeros(shape, dtype=torch.bfloat16)
-
-
 @pytest.mark.parametrize("kwargs,q_shape,k_len,match", [
     (dict(window_size=(2, 0), dropout=0.1), (2, 8, 4, 16), 8, "no dropout with a sliding window"),
     (dict(attn_mask_type="no_mask", window_size=(2, 2)), (2, 8, 4, 16), 16, "as many queries as keys"),
@@ -187,15 +152,7 @@ def _bf16(*shape):
     (dict(softmax_type="off_by_one", dropout=0.1), (2, 8, 4, 16), 8, "attention sinks"),
 ])  # fmt: skip
 def test_declines_with_reasons_before_communication(monkeypatch, kwargs, q_shape, k_len, match):
-    def no_exchange(programs):
-        raise AssertionError("a declined call communicated")
-
-    monkeypatch.setattr("te_cudnn.parallel.api.run_simulated", no_exchange)
-    q = _bf16(*q_shape)
-    k = _bf16(q_shape[0], k_len, 2, q_shape[3])
-    with pytest.raises(UnsupportedConfigError, match=match) as info:
-        simulate_context_parallel([q, q], [k, k], [k, k], "p2p", **kwargs)
-    assert "cp_comm_type='p2p'" in str(info.value)
+    declines_before(monkeypatch, "run_simulated", "p2p", kwargs, q_shape, k_len, match)
 
 
 def test_declines_thd_windows_and_sinks_naming_a2a():
@@ -248,11 +205,7 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
     out = context_parallel_attention(*local, dist.group.WORLD, "p2p", qkv_format=fmt, attn_mask_type=mask,
                                      window_size=window, softmax_type="learnable", softmax_offset=offset)  # fmt: skip
     out.backward(shard(d_out, world, rank, fmt))
-    gathered = []
-    for t in (out.detach(), *(x.grad for x in local)):
-        parts = [torch.empty_like(t) for _ in range(world)]
-        dist.all_gather(parts, t.contiguous())
-        gathered.append(unshard(parts, fmt))
+    gathered = gather_results(out, local, world, fmt)
     if rank == 0:
         ref, d_offset = _reference(q, k, v, d_out, mask, fmt, _full(mask, window), "learnable", offset)
         errs = [((x.double() - y).abs().max() / y.abs().max()).item() for x, y in zip(gathered, ref)]
@@ -266,16 +219,5 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
 @pytest.mark.slow
 def test_over_a_real_process_group_on_cpu(tmp_path, fmt, mask, window, world):
     """p2p with a window and a learnable sink over torch.distributed (gloo on CPU processes)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    report = tmp_path / "errors.txt"
-    mp.spawn(_gloo_worker, args=(world, port, fmt, mask, window, str(report)), nprocs=world, join=True)
-    errs = [float(x) for x in report.read_text().split()]
+    errs = spawn_gloo(_gloo_worker, tmp_path, world, fmt, mask, window)
     assert len(errs) == 5 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv", "d_sink"), errs))
