@@ -382,3 +382,22 @@ def test_head_groups_decline_with_reasons():
     assert any("packed strides" in w for w in cp_decline_reasons(thd, 2, q[0], k[0], k[0]))
     with pytest.raises(ValueError, match="head_groups must be a positive int"):
         _opts("p2p", head_groups=0)
+
+
+def test_a2a_backward_runs_twice_with_retain_graph(monkeypatch):
+    """The a2a function keeps what its backward needs (the caller's tensors and the stats), so a
+    second backward (retain_graph=True) gives the same gradients."""
+    install(monkeypatch, ring_mod)
+    cp, fmt = 2, "bshd"
+    g = torch.Generator().manual_seed(9)
+    q, k, v, d_out = (torch.randn(1, 8 * cp, n, 16, generator=g).bfloat16() for n in (8, 4, 4, 8))
+    parts = [[shard(t, cp, r, fmt).requires_grad_() for r in range(cp)] for t in (q, k, v)]
+    outs = simulate_context_parallel(*parts, "a2a", qkv_format=fmt, attn_mask_type="causal", head_groups=2)
+    grads_out = [shard(d_out, cp, r, fmt) for r in range(cp)]
+    torch.autograd.backward(outs, grads_out, retain_graph=True)
+    first = [p.grad.clone() for ps in parts for p in ps]
+    for ps in parts:
+        for p in ps:
+            p.grad = None
+    torch.autograd.backward(outs, grads_out)
+    assert all(torch.equal(a, p.grad) for a, p in zip(first, [p for ps in parts for p in ps]))

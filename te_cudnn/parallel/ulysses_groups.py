@@ -146,7 +146,6 @@ class GroupedA2A(torch.autograd.Function):
                 **kw,
             ) for i in range(n)]  # fmt: skip
             del qq, kk, vv, oo, dd
-            auxes[g] = None  # this group's stats and rng states are spent
             _add_by_heads(dbias, [x[3] for x in grads], g, job, h)
             _add_by_heads(d_offset, [x[4] for x in grads], g, job, h)
             dqs = _to_heads(job, [x[0] for x in grads], dqs, g, pad_q)
