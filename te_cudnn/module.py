@@ -155,6 +155,7 @@ class DotProductAttention(torch.nn.Module):
         softmax_type: str = "vanilla",
         cp_group: Any = None,
         cp_comm_type: str = "p2p",
+        cp_head_groups: int = 1,
     ) -> None:
         super().__init__()
         for name, value, optional in (("num_attention_heads", num_attention_heads, False),
@@ -194,7 +195,7 @@ class DotProductAttention(torch.nn.Module):
         else:
             self.softmax_offset = None  # off_by_one: te_cudnn passes zeros
         self._options: dict[tuple, AttnOptions] = {}
-        self.set_context_parallel_group(cp_group, cp_comm_type=cp_comm_type)
+        self.set_context_parallel_group(cp_group, cp_comm_type=cp_comm_type, cp_head_groups=cp_head_groups)
 
     #: The attributes a call's result depends on besides its arguments (the cached path's key).
     _STATE_ATTRS = frozenset(("training", "qkv_format", "attn_mask_type", "window_size", "softmax_scale",
@@ -213,7 +214,7 @@ class DotProductAttention(torch.nn.Module):
         super().__setattr__(name, value)
 
     def set_context_parallel_group(self, cp_group: Any, cp_global_ranks: Any = None, cp_stream: Any = None,
-                                   cp_comm_type: str = "p2p") -> None:  # fmt: skip
+                                   cp_comm_type: str = "p2p", cp_head_groups: int = 1) -> None:  # fmt: skip
         """Split attention's sequence over ``cp_group`` (TransformerEngine's method and argument
         names; ``cp_global_ranks`` and ``cp_stream`` are accepted and not needed: peers come from
         the group, and NCCL overlaps the exchanges with compute on its own stream). ``None`` or
@@ -221,8 +222,13 @@ class DotProductAttention(torch.nn.Module):
         ``cp_group=[a2a_group, p2p_group]`` (all-to-all inside the first, e.g. one node's GPUs;
         the ring across the second); both of one rank turn it off. Inputs are then each rank's share of
         the sequence (:func:`te_cudnn.parallel.shard`); see
-        :func:`te_cudnn.parallel.context_parallel_attention` for what each ``cp_comm_type`` serves."""
+        :func:`te_cudnn.parallel.context_parallel_attention` for what each ``cp_comm_type`` serves.
+        ``cp_head_groups`` (beyond TransformerEngine; a2a and p2p) is its ``head_groups``: the
+        attention of ``h / cp_head_groups`` heads at a time, for less memory per rank."""
         self.cp_comm_type = _check_choice("cp_comm_type", cp_comm_type, ("p2p", "a2a", "all_gather", "a2a+p2p"))
+        if isinstance(cp_head_groups, bool) or not isinstance(cp_head_groups, int) or cp_head_groups < 1:
+            raise ValueError(f"cp_head_groups must be a positive int (1: all heads at once), got {cp_head_groups!r}")
+        self.cp_head_groups = cp_head_groups
         self.cp_group = None
         if cp_group is None:
             return
@@ -425,6 +431,7 @@ class DotProductAttention(torch.nn.Module):
                 attn_scale=self.softmax_scale, dropout=dropout, deterministic=self.deterministic, window_size=window,
                 attn_bias=bias, attn_bias_type=bias_type, softmax_type=self.softmax_type,
                 softmax_offset=self._sink_offset(), fp8_meta=meta, is_training=self.training or torch.is_grad_enabled(),
+                head_groups=self.cp_head_groups,
             )  # fmt: skip
             return out.view(*out.shape[:-2], out.shape[-2] * out.shape[-1])
         if meta is not None:

@@ -167,6 +167,8 @@ def test_module_without_process_group_refuses_cp_group():
         DotProductAttention(4, 16, cp_group=object())
     with pytest.raises(ValueError, match="cp_comm_type='ring'"):
         DotProductAttention(4, 16, cp_comm_type="ring")
+    with pytest.raises(ValueError, match="cp_head_groups must be a positive int"):
+        DotProductAttention(4, 16, cp_head_groups=0)
     assert DotProductAttention(4, 16).cp_group is None
 
 
@@ -197,6 +199,10 @@ def _gloo_worker(rank: int, world: int, port: int, comm: str, fmt: str, mask: st
                                  cp_comm_type=comm)  # fmt: skip
     flat = module(*(x.detach() for x in local))  # heads flattened, as TE's module returns it
     assert torch.equal(flat, out.detach().flatten(-2)), "the module with cp_group runs the same attention"
+    if comm == "p2p":  # head groups: the same attention, bit for bit
+        grouped = DotProductAttention(h, d, num_gqa_groups=hg, qkv_format=fmt, attn_mask_type=mask,
+                                      cp_group=dist.group.WORLD, cp_comm_type=comm, cp_head_groups=2)  # fmt: skip
+        assert torch.equal(grouped(*(x.detach() for x in local)), flat), "cp_head_groups=2 runs the same attention"
     gathered = gather_results(out, local, world, fmt)
     if rank == 0:
         ref = _full_reference(q, k, v, d_out, mask, fmt)
