@@ -113,3 +113,19 @@ def declines_before(monkeypatch, collective: str, comm: str, kwargs: dict, q_sha
     with pytest.raises(UnsupportedConfigError, match=match) as info:
         simulate_context_parallel([q, q], [k, k], [k, k], comm, **kwargs)
     assert f"cp_comm_type='{comm}'" in str(info.value)
+
+
+def sink_checked_before(monkeypatch, collective: str, comm: str) -> None:
+    """A learnable sink without logits, or with logits of the wrong dtype, raises ValueError
+    before ``te_cudnn.parallel.api.<collective>`` is reached."""
+
+    def refuse(*args):
+        raise AssertionError("a malformed call communicated")
+
+    monkeypatch.setattr(f"te_cudnn.parallel.api.{collective}", refuse)
+    q = bf16(2, 8, 4, 16)
+    with pytest.raises(ValueError, match="softmax_offset"):
+        simulate_context_parallel([q, q], [q, q], [q, q], comm, softmax_type="learnable")
+    with pytest.raises(ValueError, match="float32"):
+        simulate_context_parallel([q, q], [q, q], [q, q], comm, softmax_type="learnable",
+                                  softmax_offset=torch.zeros(4))  # fmt: skip

@@ -20,7 +20,7 @@ import te_cudnn.parallel.all_gather as ag_mod
 from _cp_cpu import bf16 as _bf16
 from _cp_cpu import close as _close
 from _cp_cpu import HEADS as CP_HEADS
-from _cp_cpu import declines_before, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
+from _cp_cpu import declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
 from _cp_standin import CALLS, math_bwd, math_fwd
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
@@ -151,16 +151,7 @@ def test_decline_reasons_empty_when_supported():
 
 
 def test_sink_arguments_checked_before_communication(monkeypatch):
-    def no_collective(xs):
-        raise AssertionError("a malformed call communicated")
-
-    monkeypatch.setattr("te_cudnn.parallel.api.all_gather_simulated", no_collective)
-    q = _bf16(2, 8, 4, 16)
-    with pytest.raises(ValueError, match="softmax_offset"):
-        simulate_context_parallel([q, q], [q, q], [q, q], "all_gather", softmax_type="learnable")
-    with pytest.raises(ValueError, match="float32"):
-        simulate_context_parallel([q, q], [q, q], [q, q], "all_gather", softmax_type="learnable",
-                                  softmax_offset=torch.zeros(4))  # fmt: skip
+    sink_checked_before(monkeypatch, "all_gather_simulated", "all_gather")
 
 
 def test_module_accepts_all_gather_without_a_group():

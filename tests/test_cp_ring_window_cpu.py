@@ -19,7 +19,7 @@ import torch
 import te_cudnn.parallel.ring as ring_mod
 from _cp_cpu import bf16 as _bf16
 from _cp_cpu import close as _close
-from _cp_cpu import HEADS, declines_before, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
+from _cp_cpu import HEADS, declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
 from _cp_standin import CALLS, math_bwd, math_fwd
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
@@ -175,16 +175,7 @@ def test_decline_reasons_empty_when_supported():
 
 
 def test_sink_arguments_checked_before_communication(monkeypatch):
-    def no_exchange(programs):
-        raise AssertionError("a malformed call communicated")
-
-    monkeypatch.setattr("te_cudnn.parallel.api.run_simulated", no_exchange)
-    q = _bf16(2, 8, 4, 16)
-    with pytest.raises(ValueError, match="softmax_offset"):
-        simulate_context_parallel([q, q], [q, q], [q, q], "p2p", softmax_type="learnable")
-    with pytest.raises(ValueError, match="float32"):
-        simulate_context_parallel([q, q], [q, q], [q, q], "p2p", softmax_type="learnable",
-                                  softmax_offset=torch.zeros(4))  # fmt: skip
+    sink_checked_before(monkeypatch, "run_simulated", "p2p")
 
 
 def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, report: str) -> None:
