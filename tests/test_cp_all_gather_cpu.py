@@ -23,7 +23,7 @@ from _cp_cpu import HEADS as CP_HEADS
 from _cp_cpu import declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
 from _cp_standin import CALLS, math_bwd, math_fwd
-from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
+from te_cudnn.parallel import cp_decline_reasons, shard
 from te_cudnn.parallel.all_gather import AgSpec, key_range, plan_tiles
 from te_cudnn.parallel.api import _options
 
