@@ -343,7 +343,7 @@ def test_a2a_head_groups_equal_one_group(monkeypatch, cp, groups, fmt, mask, sof
 @pytest.mark.parametrize("cp,groups,fmt,mask,softmax_type,window", [
     (2, 2, "bshd", "causal", "vanilla", None), (3, 4, "sbhd", "no_mask", "learnable", None),
     (4, 2, "bshd", "causal", "off_by_one", (6, 0)), (2, 2, "bshd", "causal", "learnable", (6, 0)),
-    (1, 2, "sbhd", "causal", "vanilla", None),
+    (1, 2, "sbhd", "causal", "vanilla", None), (3, 2, "bshd", "causal", "learnable", (3, 0)),
 ])  # fmt: skip
 def test_p2p_head_groups_equal_one_group(monkeypatch, cp, groups, fmt, mask, softmax_type, window):
     """head_groups=G (the whole ring once per head group, forward and backward) gives the outputs

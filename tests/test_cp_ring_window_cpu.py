@@ -21,8 +21,8 @@ from _cp_cpu import bf16 as _bf16
 from _cp_cpu import close as _close
 from _cp_cpu import HEADS, declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
-from _cp_standin import CALLS, math_bwd, math_fwd
-from te_cudnn.parallel import cp_decline_reasons, shard
+from _cp_standin import CALLS, install, math_bwd, math_fwd
+from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
 from te_cudnn.parallel.api import _options
 from te_cudnn.parallel.schedule import ring_window, single_key_tiles, window_calls
 from te_cudnn.reference import allowed_mask
@@ -206,9 +206,71 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("fmt,mask,window,world", [("bshd", "causal", (6, 0), 2), ("sbhd", "no_mask", (3, 2), 3)])
+@pytest.mark.parametrize("fmt,mask,window,world", [("bshd", "causal", (6, 0), 2), ("sbhd", "no_mask", (3, 2), 3),
+                                                 ("bshd", "causal", (3, 0), 3)])  # fmt: skip
 @pytest.mark.slow
 def test_over_a_real_process_group_on_cpu(tmp_path, fmt, mask, window, world):
     """p2p with a window and a learnable sink over torch.distributed (gloo on CPU processes)."""
     errs = spawn_gloo(_gloo_worker, tmp_path, world, fmt, mask, window)
     assert len(errs) == 5 and max(errs) < 2e-2, dict(zip(("out", "dq", "dk", "dv", "d_sink"), errs))
+
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("c", [1, 3, 8])
+def test_short_causal_windows_reach_only_the_neighbours_tails(cp, c):
+    """What te_cudnn.parallel.halo relies on: for a causal window of 1 <= left <= c, a rank's
+    window calls against any block other than its own and its neighbours' are empty, and
+    against a neighbour's block they read only the tail it is sent."""
+    from te_cudnn.parallel.halo import HaloTiles
+    from te_cudnn.parallel.ring import RingSpec
+
+    for left in range(1, c + 1):
+        for r in range(cp):
+            tiles = HaloTiles(RingSpec(cp, r, "bshd", True), 2 * c, (left, 0))
+            for origin in range(cp):
+                calls = window_calls(cp, r, origin, c, (left, 0))
+                if origin in (r, r - 1, r + 1):
+                    if origin != r:
+                        assert all(0 <= x.kv_start and x.kv_start + x.kv_len <= left for x in tiles.calls(origin))
+                        if (origin == r - 1) or r <= cp - 2:
+                            assert calls, (cp, c, left, r, origin)
+                else:
+                    assert not calls, (cp, c, left, r, origin)
+
+
+def test_short_causal_windows_exchange_tails_once(monkeypatch):
+    """A causal window of left <= c tokens per chunk: two messages of the tails per rank and
+    direction (forward: the key/value tails; backward: their fp32 gradients), not a block per
+    ring step; longer windows keep the ring."""
+    import te_cudnn.parallel.api as api_mod
+    from te_cudnn.parallel.transport import Post, run_simulated
+
+    install(monkeypatch, ring_mod)
+    sizes = []
+
+    def recording(programs):
+        def watch(program):
+            reply = None
+            while True:
+                try:
+                    msg = program.send(reply)
+                except StopIteration as done:
+                    return done.value
+                if isinstance(msg, Post):
+                    sizes.append(sum(t.numel() for t in msg.sends))
+                reply = yield msg
+
+        return run_simulated([watch(p) for p in programs])
+
+    monkeypatch.setattr(api_mod, "run_simulated", recording)
+    cp, c, left = 4, 4, 3
+    q, k, v, d_out = _case(cp, "bshd", "gqa", c=c, seed=2)
+    got = _run(cp, "bshd", q, k, v, d_out, attn_mask_type="causal", window_size=(left, 0))
+    _close(got, _reference(q, k, v, d_out, "causal", "bshd", (left, 0))[0], "halo")
+    b, hg, d_qk, d_v = 2, 2, 16, 8
+    tail = b * left * hg * (d_qk + d_v)
+    assert sorted(sizes) == [tail] * (2 * cp) * 2, sizes  # forward tails, then backward gradients
+    sizes.clear()
+    _run(cp, "bshd", q, k, v, d_out, attn_mask_type="causal", window_size=(c + 2, 0))
+    assert len(sizes) > 4 * cp and min(sizes) == b * 2 * c * hg * (d_qk + d_v)  # the ring: whole blocks

@@ -20,6 +20,7 @@ from ..errors import UnsupportedConfigError
 from .all_gather import AgJob, AgSpec, AllGatherAttn, plan_tiles
 from .hierarchical import a2a_p2p_attention, check_layout, grid_groups
 from .ring import DenseTiles, RingSpec, ThdTiles, WindowTiles, draw_rng_states
+from .halo import HaloTiles, halo_applies
 from .ring_attn import RingAttn, RingJob
 from .schedule import ring_window, single_key_tiles
 from .transport import (AllToAll, LoopbackAllToAll, all_gather_flat, all_gather_simulated, group_info, reduce_scatter_flat,
@@ -274,6 +275,8 @@ class _Call:
             window = ring_window(self.o.window, spec.causal, k.shape[dim] * self.cp)
             if window is None:
                 return DenseTiles(spec, q.shape[dim], k.shape[dim])
+            if halo_applies(spec, window, q.shape[dim] // 2):  # te_cudnn.parallel.halo
+                return HaloTiles(spec, q.shape[dim], window)
             return WindowTiles(spec, q.shape[dim], window)
         max_q, max_kv = (m if m is not None else t.shape[0] * self.cp for m, t in zip(self.max_seqlen, (q, k)))
         return ThdTiles.build(spec, q, k, *self.cu, max_q, max_kv)

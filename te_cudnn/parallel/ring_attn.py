@@ -24,6 +24,7 @@ import torch
 
 from ..autograd import _readable_grad
 from .partition import group_heads
+from .halo import HaloTiles, halo_backward_program, halo_forward_program
 from .ring import RingSpec, backward_program, forward_program
 from .ring_sink import add_sink, sink_grad, sink_logits
 
@@ -47,6 +48,15 @@ def _group_sink(sink: Optional[torch.Tensor], g: int, groups: int) -> Optional[t
         return sink
     n = sink.numel() // groups
     return sink[g * n : (g + 1) * n]
+
+
+def _forward(tiles):
+    """The rank program of ``tiles``: the ring, or the halo exchange of short causal windows."""
+    return halo_forward_program if isinstance(tiles, HaloTiles) else forward_program
+
+
+def _backward(tiles):
+    return halo_backward_program if isinstance(tiles, HaloTiles) else backward_program
 
 
 def _add_sinks(results: list, sink: torch.Tensor, job: RingJob) -> None:
@@ -76,7 +86,7 @@ class RingAttn(torch.autograd.Function):
         outs = None if G == 1 else [q.new_empty(*q.shape[:-1], v.shape[-1]) for q, v in zip(qs, vs)]
         aux = []  # per group: (lse, rng states, last packet) per rank
         for g in range(G):
-            results = job.run([forward_program(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
+            results = job.run([_forward(t)(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
                                for s, t, q, k, v, r in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states[g])])  # fmt: skip
             if sink is not None:  # once per row, after every block (te_cudnn.parallel.ring_sink)
                 _add_sinks(results, _group_sink(sink, g, G), job)
@@ -101,7 +111,7 @@ class RingAttn(torch.autograd.Function):
         for g in range(G):
             aux, ctx.aux[g] = ctx.aux[g], [a[:1] for a in ctx.aux[g]]  # the programs own the last blocks
             views = [[group_heads(x, g, G) for x in xs] for xs in (qs, ks, vs, outs, d_outs)]
-            programs = [backward_program(s, t, *tensors, *a)
+            programs = [_backward(t)(s, t, *tensors, *a)
                         for s, t, *tensors, a in zip(job.specs, job.tiles, *views, aux)]  # fmt: skip
             del aux
             results = job.run(programs)
