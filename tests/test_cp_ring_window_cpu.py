@@ -22,7 +22,7 @@ from _cp_cpu import close as _close
 from _cp_cpu import HEADS, declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
 from _cp_standin import CALLS, install, math_bwd, math_fwd
-from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel
+from te_cudnn.parallel import cp_decline_reasons, shard
 from te_cudnn.parallel.api import _options
 from te_cudnn.parallel.schedule import ring_window, single_key_tiles, window_calls
 from te_cudnn.reference import allowed_mask
