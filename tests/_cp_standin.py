@@ -60,7 +60,7 @@ def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, backend=No
     lse = torch.logsumexp(ext, -1, keepdim=True)
     p = torch.exp(s - lse).nan_to_num(0.0)
     out = p @ vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
-    aux = [lse.float().contiguous(), torch.zeros(2, dtype=torch.int64)]
+    aux = [lse.float().contiguous(), torch.zeros(2, dtype=torch.int64) if rng_state is None else rng_state]
     return from_bhsd(out, qkv_layout).to(dtype), aux + ([] if sink is None else [softmax_offset])
 
 
@@ -74,6 +74,8 @@ def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=No
     qb, kb, vb, ob, dob = (to_bhsd(t, qkv_layout).double() for t in (q, k, v, o, d_o))
     group = qb.shape[1] // kb.shape[1]
     s, k_full = _scores(qb, kb, scale, attn_mask_type, window_size, bottom_right_diagonal)
+    if not isinstance(aux[1], torch.Tensor):  # as the real fused_attn_bwd: the forward's rng state is required
+        raise TypeError(f"aux_ctx_tensors[1] must be a torch.Tensor, got {aux[1]!r}")
     lse = aux[0].double()
     p = torch.exp(s - lse).nan_to_num(0.0)
     big_d = (dob * ob).sum(-1, keepdim=True)

@@ -76,20 +76,24 @@ class HaloTiles(WindowTiles):
 
 def halo_forward_program(spec: RingSpec, tiles: HaloTiles, q, k, v, rng_states):
     """One rank's forward (a generator for a transport driver), returning what
-    :func:`~te_cudnn.parallel.ring.forward_program` returns, the received tails in place of its
-    last packet."""
+    :func:`~te_cudnn.parallel.ring.forward_program` returns: the rng states of the own step and of
+    each attended neighbour (in :meth:`HaloTiles.neighbours` order), and the received tails in
+    place of the last packet."""
     send_next, send_prev = (_packet(tiles.tail(k, first), tiles.tail(v, first)) for first in (True, False))
     from_prev, from_next = torch.empty_like(send_next), torch.empty_like(send_prev)
     to_next = yield Post((send_next,), (from_prev,), forward=True)
     to_prev = yield Post((send_prev,), (from_next,), forward=False)
-    acc, rng = tiles.forward_step(spec.rank, q, k, v, None, None)  # the own chunks while the tails travel
+    state = [None] * 3 if rng_states is None else rng_states  # one per step (own, then each neighbour), as the ring
+    acc, rng = tiles.forward_step(spec.rank, q, k, v, state[0], None)  # the own chunks while the tails travel
+    rngs = [rng]
     yield Wait(to_next)
     yield Wait(to_prev)
     del send_next, send_prev
     shapes = tiles.tail_shapes(k, v)
-    for origin, packet in tiles.neighbours(from_prev, from_next):
-        acc, _ = tiles.forward_step(origin, q, *_unpack(packet, *shapes), None, acc)
-    return acc[0], acc[1], [rng], (from_prev, from_next)
+    for i, (origin, packet) in enumerate(tiles.neighbours(from_prev, from_next), 1):
+        acc, rng = tiles.forward_step(origin, q, *_unpack(packet, *shapes), state[i], acc)
+        rngs.append(rng)
+    return acc[0], acc[1], rngs, (from_prev, from_next)
 
 
 def halo_backward_program(spec: RingSpec, tiles: HaloTiles, q, k, v, o, d_o, lse, rngs, packets):
@@ -98,13 +102,13 @@ def halo_backward_program(spec: RingSpec, tiles: HaloTiles, q, k, v, o, d_o, lse
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-    tiles.add_step(tiles.backward_step(spec.rank, q, k, v, o, d_o, lse, None), dq, dk, dv)
+    tiles.add_step(tiles.backward_step(spec.rank, q, k, v, o, d_o, lse, rngs[0]), dq, dk, dv)
     shapes = tiles.tail_shapes(k, v)
     size = shapes[0].numel() + shapes[1].numel()
     tail_grads = {}  # origin -> fp32 dK/dV of its tail
-    for origin, packet in tiles.neighbours(*packets):
+    for (origin, packet), rng in zip(tiles.neighbours(*packets), rngs[1:]):
         buf = torch.zeros(size, dtype=torch.float32, device=k.device)
-        pending = tiles.backward_step(origin, q, *_unpack(packet, *shapes), o, d_o, lse, None)
+        pending = tiles.backward_step(origin, q, *_unpack(packet, *shapes), o, d_o, lse, rng)
         tiles.add_step(pending, dq, *_unpack(buf, *shapes))
         tail_grads[origin] = buf
         pending = None
