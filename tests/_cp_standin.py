@@ -46,8 +46,10 @@ def _sink(softmax_type, offset, h):
 def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, backend=None, *, attn_scale, dropout,
              qkv_layout, attn_mask_type, softmax_type="vanilla", window_size=(-1, -1), bottom_right_diagonal=None,
              softmax_offset=None, rng_state=None, attn_bias=None, attn_bias_type="no_bias", rng_gen=None,
-             lengths=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None):  # fmt: skip
-    """fused_attn_fwd's contract (dense, no dropout, no bias) in fp64 on the CPU."""
+             lengths=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, out=None):  # fmt: skip
+    """fused_attn_fwd's contract (dense, no dropout, no bias) in fp64 on the CPU; ``out``
+    (contiguous, as the real one requires) is written and returned."""
+    out_buf = out
     dim = 1 if qkv_layout.startswith("bshd") else 0
     assert dropout == 0.0 and cu_q is None and max_q == q.shape[dim] and max_kv == k.shape[dim]
     assert attn_bias is None and attn_bias_type == "no_bias" and cu_seqlens_q_padded is None and lengths is None
@@ -61,7 +63,11 @@ def math_fwd(is_training, max_q, max_kv, cu_q, cu_kv, q, k, v, dtype, backend=No
     p = torch.exp(s - lse).nan_to_num(0.0)
     out = p @ vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
     aux = [lse.float().contiguous(), torch.zeros(2, dtype=torch.int64) if rng_state is None else rng_state]
-    return from_bhsd(out, qkv_layout).to(dtype), aux + ([] if sink is None else [softmax_offset])
+    result = from_bhsd(out, qkv_layout).to(dtype)
+    if out_buf is not None:
+        assert out_buf.is_contiguous() and out_buf.shape == result.shape
+        result = out_buf.copy_(result)
+    return result, aux + ([] if sink is None else [softmax_offset])
 
 
 def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=None, *, attn_scale, dropout,
@@ -91,11 +97,12 @@ def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=No
 
 
 def install(monkeypatch, *modules) -> None:
-    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules and in a2a's
-    (``te_cudnn.parallel.ulysses_groups``), and clear :data:`CALLS`."""
+    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules, in a2a's
+    (``te_cudnn.parallel.ulysses_groups``) and in the halo's, and clear :data:`CALLS`."""
+    import te_cudnn.parallel.halo as halo_mod
     import te_cudnn.parallel.ulysses_groups as groups_mod
 
-    for module in {*modules, groups_mod}:
+    for module in {*modules, groups_mod, halo_mod}:
         monkeypatch.setattr(module, "fused_attn_fwd", math_fwd)
         monkeypatch.setattr(module, "fused_attn_bwd", math_bwd)
     CALLS.clear()

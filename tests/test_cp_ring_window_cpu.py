@@ -241,7 +241,7 @@ def test_short_causal_windows_reach_only_the_neighbours_tails(cp, c):
 
 def test_short_causal_windows_exchange_tails_once(monkeypatch):
     """A causal window of left <= c tokens per chunk: two messages of the tails per rank and
-    direction (forward: the key/value tails; backward: their fp32 gradients), not a block per
+    direction (forward: the key/value tails; backward: their gradients), not a block per
     ring step; longer windows keep the ring."""
     import te_cudnn.parallel.api as api_mod
     from te_cudnn.parallel.transport import Post, run_simulated
@@ -274,3 +274,28 @@ def test_short_causal_windows_exchange_tails_once(monkeypatch):
     sizes.clear()
     _run(cp, "bshd", q, k, v, d_out, attn_mask_type="causal", window_size=(c + 2, 0))
     assert len(sizes) > 4 * cp and min(sizes) == b * 2 * c * hg * (d_qk + d_v)  # the ring: whole blocks
+
+
+@pytest.mark.parametrize("softmax_type", ["vanilla", "off_by_one", "learnable"])
+@pytest.mark.parametrize("cp,fmt,left", [(2, "bshd", 4), (3, "sbhd", 2), (4, "bshd", 3), (4, "sbhd", 4)])
+def test_halo_equals_the_ring_bit_for_bit(math_kernels, monkeypatch, softmax_type, cp, fmt, left):
+    """The halo writes rows one call reaches directly and rounds merged rows once: the outputs
+    and the q/k/v gradients equal the ring's fp32 accumulators bit for bit (same kernel calls,
+    the same fp32 arithmetic per row); the sink's fp32 gradient to rounding (the last rank
+    merges its second chunk's two calls in the other order)."""
+    import te_cudnn.parallel.api as api_mod
+
+    q, k, v, d_out = _case(cp, fmt, "gqa", c=4, seed=60 + cp + left)
+    results = []
+    for halo in (True, False):
+        monkeypatch.setattr(api_mod, "halo_applies", (lambda *a: True) if halo else (lambda *a: False))
+        offset = None
+        if softmax_type == "learnable":
+            offset = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(cp)).requires_grad_()
+        got = _run(cp, fmt, q, k, v, d_out, attn_mask_type="causal", window_size=(left, 0),
+                   softmax_type=softmax_type, softmax_offset=offset)  # fmt: skip
+        results.append(got + ([] if offset is None else [offset.grad]))
+    for name, x, y in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(x, y), f"{name}: max difference {(x.double() - y.double()).abs().max().item()}"
+    if softmax_type == "learnable":
+        torch.testing.assert_close(results[0][4], results[1][4], rtol=1e-6, atol=1e-6)

@@ -18,6 +18,7 @@ the same bit for bit (the learnable sink's gradient sums the same terms in anoth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -50,9 +51,10 @@ def _group_sink(sink: Optional[torch.Tensor], g: int, groups: int) -> Optional[t
     return sink[g * n : (g + 1) * n]
 
 
-def _forward(tiles):
-    """The rank program of ``tiles``: the ring, or the halo exchange of short causal windows."""
-    return halo_forward_program if isinstance(tiles, HaloTiles) else forward_program
+def _forward(tiles, sink: Optional[torch.Tensor]):
+    """The rank program of ``tiles``: the ring, or the halo exchange of short causal windows
+    (which folds the sink in itself, before rounding its merged rows)."""
+    return partial(halo_forward_program, sink=sink) if isinstance(tiles, HaloTiles) else forward_program
 
 
 def _backward(tiles):
@@ -86,10 +88,11 @@ class RingAttn(torch.autograd.Function):
         outs = None if G == 1 else [q.new_empty(*q.shape[:-1], v.shape[-1]) for q, v in zip(qs, vs)]
         aux = []  # per group: (lse, rng states, last packet) per rank
         for g in range(G):
-            results = job.run([_forward(t)(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
+            g_sink = _group_sink(sink, g, G)
+            results = job.run([_forward(t, g_sink)(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
                                for s, t, q, k, v, r in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states[g])])  # fmt: skip
-            if sink is not None:  # once per row, after every block (te_cudnn.parallel.ring_sink)
-                _add_sinks(results, _group_sink(sink, g, G), job)
+            if sink is not None and not isinstance(job.tiles[0], HaloTiles):  # once per row, after every block
+                _add_sinks(results, g_sink, job)  # (te_cudnn.parallel.ring_sink)
             outs = _place([r[0] for r in results], outs, qs, g, G)
             aux.append([r[1:] for r in results])
             del results  # this group's fp32 accumulators: not alive during the next group
