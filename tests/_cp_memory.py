@@ -124,7 +124,8 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
     """Bytes per local token a p2p rank holds at its backward's peak (the guide's "Memory per rank"),
     from the code, step by step; ``version="before"``: before the step's gradients and the
     forward's last block were released early and the ring drivers stopped holding a step's
-    buffers (the sent block and fp32 dK/dV) into the next step."""
+    buffers (the sent block and fp32 dK/dV) into the next step, and before the last step's block,
+    the rank's own, stopped travelling."""
     from te_cudnn.parallel.schedule import bwd_origin, section
 
     def grads(i: int) -> float:  # the kernel's dQ, dK, dV of step i's section
@@ -141,10 +142,11 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
     fixed = (3 * h + 2 * hg) * d * e + 4 * h + 4 * h * d  # q, k, v, O (saved), dO; the fp32 stats; fp32 dQ
     peak = 0.0
     for i in range(cp):
-        blocks = 0 if cp == 1 else (i < cp - 1) + 1  # the block attended and the one arriving
+        # the block attended (the last step's is the rank's own k, v) and the one arriving
+        blocks = 0 if cp == 1 else (i < cp - 1) + (i < cp - 2)
         dkv = (1 if i == 0 else 2) * 2 * hg * d * 4  # the travelling fp32 dK/dV: received and sent
-        if version == "before" and i > 0:
-            blocks += 1  # the forward's last block, held by the autograd context
+        if version == "before" and cp > 1:  # the own block travelled too; the forward's last block was kept
+            blocks += (i == cp - 1) + (i == cp - 2) + (i > 0)
             dkv += (i > 1) * 2 * hg * d * 4  # the dK/dV sent a step earlier, still held by the driver
         held = grads(i) + (grads(i - 1) if version == "before" and i > 0 else 0)
         peak = max(peak, blocks * 2 * hg * d * e + dkv + held)

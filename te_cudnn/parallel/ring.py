@@ -9,7 +9,8 @@ the step's output and log-sum-exp into fp32 accumulators (``lse = logaddexp(lse,
 each block against the *global* O and lse is that block's exact share of the gradient; the
 key/value gradient travels with its block (zero-initialised at the first rank that sees it,
 added to at every hop, kept in fp32) and arrives complete at its owner after ``cp`` steps. The
-last forward block is the first backward block, so the backward starts without communication.
+last forward block is the first backward block, so the backward starts without communication, and
+its last block is the rank's own, so it ends without a block message.
 
 Sliding windows (dense formats, :class:`WindowTiles`): a step makes one fused call per (query
 chunk, key chunk) pair the window reaches (:func:`~te_cudnn.parallel.schedule.window_calls`),
@@ -365,8 +366,10 @@ def forward_program(spec: RingSpec, tiles, q, k, v, rng_states: Optional[torch.T
 def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
     """One rank's backward (a generator). ``packet`` is the last forward block (rank r+1's);
     the caller hands over its reference, so each block is freed once its step is done (two
-    blocks alive at most: the one attended and the one arriving). Returns fp32 (dq, dk, dv) of
-    the rank's own tokens."""
+    blocks alive at most: the one attended and the one arriving). Blocks travel the other way
+    round the ring, so the last step's block is the rank's own: it attends its ``k``, ``v``
+    instead of receiving them (``cp - 2`` block messages, none at ``cp = 2``). Returns fp32
+    (dq, dk, dv) of the rank's own tokens."""
     cp, r = spec.cp, spec.rank
     block = (k, v) if cp == 1 else _unpack(packet, k.shape, v.shape)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -374,7 +377,7 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
     for i in range(cp):
         origin = bwd_origin(cp, r, i)
         sends, recvs = [], []
-        if i < cp - 1:
+        if i < cp - 2:  # the last step's block is the rank's own: it does not travel
             nxt = torch.empty_like(packet)
             sends.append(packet), recvs.append(nxt)
         if i > 0:
@@ -389,8 +392,11 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
         tiles.add_step(pending, dq_acc, *_unpack(dkv, k.shape, v.shape))
         pending = None  # the step's gradients are added: free them before the next step's kernel
         outgoing = dkv
-        if i < cp - 1:
+        if i < cp - 2:
             packet = nxt
             block = _unpack(packet, k.shape, v.shape)
+        elif i == cp - 2:
+            packet = nxt = None
+            block = (k, v)
     dk, dv = _unpack(dkv, k.shape, v.shape)
     return dq_acc, dk, dv
