@@ -13,6 +13,8 @@ calls clear it first).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from te_cudnn.reference import allowed_mask
@@ -96,13 +98,39 @@ def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=No
     return [from_bhsd(g, qkv_layout).to(dtype) for g in (dq, dk, dv)] + [None, d_sink]
 
 
-def install(monkeypatch, *modules) -> None:
-    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules, in a2a's
-    (``te_cudnn.parallel.ulysses_groups``) and in the halo's, and clear :data:`CALLS`."""
+def _users(modules) -> set:
+    """The given modules and the others that call the kernels: a2a's
+    (``te_cudnn.parallel.ulysses_groups``) and the halo's."""
     import te_cudnn.parallel.halo as halo_mod
     import te_cudnn.parallel.ulysses_groups as groups_mod
 
-    for module in {*modules, groups_mod, halo_mod}:
+    return {*modules, groups_mod, halo_mod}
+
+
+def install(monkeypatch, *modules) -> None:
+    """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules and the other users
+    for one test, and clear :data:`CALLS`."""
+    for module in _users(modules):
         monkeypatch.setattr(module, "fused_attn_fwd", math_fwd)
         monkeypatch.setattr(module, "fused_attn_bwd", math_bwd)
     CALLS.clear()
+
+
+@contextlib.contextmanager
+def installed(*modules):
+    """:func:`install` for a ``with`` block (where no ``monkeypatch`` fixture reaches, as in
+    hypothesis examples)."""
+    users = _users(modules)
+    saved = [(m, m.fused_attn_fwd, m.fused_attn_bwd) for m in users]
+    install_in_process(*modules)
+    try:
+        yield
+    finally:
+        for m, fwd, bwd in saved:
+            m.fused_attn_fwd, m.fused_attn_bwd = fwd, bwd
+
+
+def install_in_process(*modules) -> None:
+    """:func:`install` for a spawned rank process (for good: the process ends with the test)."""
+    for module in _users(modules):
+        module.fused_attn_fwd, module.fused_attn_bwd = math_fwd, math_bwd

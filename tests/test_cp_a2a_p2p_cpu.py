@@ -21,7 +21,7 @@ from _cp_cpu import bf16 as _bf16
 from _cp_cpu import close as _close
 from _cp_cpu import HEADS, dense_case, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
-from _cp_standin import math_bwd, math_fwd
+from _cp_standin import install_in_process
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.parallel import cp_decline_reasons, pad_cu_seqlens, shard, simulate_context_parallel
 from te_cudnn.parallel.api import _options
@@ -216,7 +216,7 @@ def _gloo_worker(rank: int, world: int, port: int, a2a: int, fmt: str, mask: str
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd = math_fwd, math_bwd
+    install_in_process(ring_mod)
     p2p = world // a2a
     blocks, rings = grid_groups(a2a, p2p)
     groups = [dist.new_group(ranks) for ranks in blocks] + [dist.new_group(ranks) for _, ranks in rings]

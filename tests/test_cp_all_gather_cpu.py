@@ -22,7 +22,7 @@ from _cp_cpu import close as _close
 from _cp_cpu import HEADS as CP_HEADS
 from _cp_cpu import declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
-from _cp_standin import CALLS, math_bwd, math_fwd
+from _cp_standin import CALLS, install_in_process
 from te_cudnn.parallel import cp_decline_reasons, shard
 from te_cudnn.parallel.all_gather import AgSpec, key_range, plan_tiles
 from te_cudnn.parallel.api import _options
@@ -175,7 +175,7 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ag_mod.fused_attn_fwd, ag_mod.fused_attn_bwd = math_fwd, math_bwd
+    install_in_process(ag_mod)
     q, k, v, d_out = _case(world, fmt, HEADS["gqa"], s_chunk=3, seed=5)
     offset = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(2)).requires_grad_()
     local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]

@@ -21,7 +21,7 @@ from _cp_cpu import bf16 as _bf16
 from _cp_cpu import close as _close
 from _cp_cpu import HEADS, declines_before, dense_case, sink_checked_before, gather_results, math_kernels, simulate, spawn_gloo  # noqa: F401
 from _cp_cpu import reference as _reference
-from _cp_standin import CALLS, install, math_bwd, math_fwd
+from _cp_standin import CALLS, install, install_in_process
 from te_cudnn.parallel import cp_decline_reasons, shard
 from te_cudnn.parallel.api import _options
 from te_cudnn.parallel.schedule import ring_window, single_key_tiles, window_calls
@@ -189,7 +189,7 @@ def _gloo_worker(rank: int, world: int, port: int, fmt: str, mask: str, window, 
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ring_mod.fused_attn_fwd, ring_mod.fused_attn_bwd = math_fwd, math_bwd
+    install_in_process(ring_mod)
     q, k, v, d_out = _case(world, fmt, "gqa", c=4, seed=5)
     offset = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(2)).requires_grad_()
     local = [shard(t, world, rank, fmt).requires_grad_() for t in (q, k, v)]
