@@ -67,8 +67,9 @@ def _add_sinks(results: list, sink: torch.Tensor, job: RingJob) -> None:
 
 
 def _place(parts: list, whole: Optional[list], like, g: int, groups: int) -> list:
-    """Each listed rank's fp32 result of head group ``g`` in ``like``'s dtype: the whole tensors
-    with one group, else copied into group ``g``'s heads of ``whole``."""
+    """Each listed rank's result of head group ``g`` (fp32, or already in ``like``'s dtype: the
+    halo's) in ``like``'s dtype: the whole tensors with one group, else copied into group
+    ``g``'s heads of ``whole``."""
     if groups == 1:
         return [p.to(x.dtype) for p, x in zip(parts, like)]
     for p, w in zip(parts, whole):
