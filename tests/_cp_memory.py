@@ -124,8 +124,9 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
     """Bytes per local token a p2p rank holds at its backward's peak (the guide's "Memory per rank"),
     from the code, step by step; ``version="before"``: before the step's gradients and the
     forward's last block were released early and the ring drivers stopped holding a step's
-    buffers (the sent block and fp32 dK/dV) into the next step, and before the last step's block,
-    the rank's own, stopped travelling."""
+    buffers (the sent block and fp32 dK/dV) into the next step, before the last step's block,
+    the rank's own, stopped travelling, and before two ranks' backwards dropped the fp32
+    accumulators."""
     from te_cudnn.parallel.schedule import bwd_origin, section
 
     def grads(i: int) -> float:  # the kernel's dQ, dK, dV of step i's section
@@ -139,6 +140,14 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
         later = (head_groups - 1) / head_groups * 2 * hg * d * e if cp > 1 else 0  # the other groups' last blocks
         one = p2p_derived(h, hg, d, e, cp, rank, causal) - (3 * h + 2 * hg) * d * e - 4 * h
         return inputs + whole + later + one / head_groups
+    if cp == 2 and version == "now":  # te_cudnn.parallel.ring.pair_applies: no fp32 accumulators
+        inputs = (3 * h + 2 * hg) * d * e + 4 * h  # q, k, v, O (saved), dO; the fp32 stats
+        block = 2 * hg * d * e
+        first = block + grads(0)  # the neighbour's block and its step's gradients
+        sect = section(rank, bwd_origin(cp, rank, 0), causal)
+        dq_other = (h / 2 if sect.q_half else h) * d * e  # held until the own step's dQ takes it
+        own = 2 * block + dq_other + (h + 2 * hg) * d * e  # its dK/dV sent, the own one received, own step's
+        return inputs + max(first, own)
     fixed = (3 * h + 2 * hg) * d * e + 4 * h + 4 * h * d  # q, k, v, O (saved), dO; the fp32 stats; fp32 dQ
     peak = 0.0
     for i in range(cp):

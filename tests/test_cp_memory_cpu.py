@@ -59,8 +59,10 @@ def test_p2p_head_groups_shrink_the_backward_peak(monkeypatch, cp, groups):
     got = measure("p2p", cp, H, HG, D, S_LOCAL, monkeypatch, rank=cp - 1, head_groups=groups)["bwd"]
     want = p2p_derived(H, HG, D, E, cp, cp - 1, head_groups=groups)
     assert want - SLACK <= got <= want + SLACK, (got, want)
-    if cp > 1:
+    if cp > 2:
         assert got < p2p_derived(H, HG, D, E, cp, cp - 1) - SLACK
+    elif cp == 2:  # two ranks hold no fp32 accumulators to divide: only cuDNN's workspace (on a GPU) shrinks
+        assert got <= p2p_derived(H, HG, D, E, cp, cp - 1) + SLACK
 
 
 def test_a2a_head_groups_decline_before_any_exchange(monkeypatch):

@@ -63,6 +63,34 @@ def test_ring_matches_full_attention(math_kernels, cp, fmt, mask, heads):
         assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{name}: max error {err}"
 
 
+@pytest.mark.parametrize("fmt,mask,heads,softmax_type", [
+    ("bshd", "causal", (4, 2, 16, 8), "vanilla"), ("sbhd", "causal", (4, 4, 16, 16), "learnable"),
+    ("bshd", "no_mask", (4, 1, 8, 16), "off_by_one"), ("sbhd", "no_mask", (4, 2, 16, 16), "vanilla")])  # fmt: skip
+def test_two_rank_backward_equals_the_fp32_accumulators_bit_for_bit(math_kernels, monkeypatch, fmt, mask, heads,
+                                                                      softmax_type):  # fmt: skip
+    """cp = 2 (ring.pair_applies): every gradient row sums two kernel results, added in place in
+    bf16 (fp32 arithmetic, one rounding), and the neighbour's dK/dV travels in bf16: the same
+    gradients as the fp32 accumulators, bit for bit."""
+    h, hg, d_qk, d_v = heads
+    b, s = 2, 16
+    g = torch.Generator().manual_seed(h * 10 + hg)
+    shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
+    q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
+    v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
+    d_out = torch.randn(shape(h, d_v), generator=g).bfloat16()
+    offset = torch.randn(1, h, 1, 1, generator=g) if softmax_type == "learnable" else None
+    results = []
+    for pair in (True, False):
+        monkeypatch.setattr(ring_mod, "pair_applies", ring_mod.pair_applies if pair else (lambda *a: False))
+        parts = [[shard(t, 2, r, fmt).requires_grad_() for r in range(2)] for t in (q, k, v)]
+        outs = simulate_context_parallel(*parts, "p2p", qkv_format=fmt, attn_mask_type=mask, softmax_type=softmax_type,
+                                         softmax_offset=offset)  # fmt: skip
+        torch.autograd.backward(outs, [shard(d_out, 2, r, fmt) for r in range(2)])
+        results.append([unshard([p.grad for p in ps], fmt) for ps in parts])
+    for name, x, y in zip(("dq", "dk", "dv"), *results):
+        assert x.dtype == torch.bfloat16 and torch.equal(x, y), name
+
+
 def test_schedule_covers_every_block_once():
     for cp in (1, 2, 3, 5, 8):
         for r in range(cp):
