@@ -8,7 +8,8 @@
   leaves and on BSHD views (gradients accumulating into ``.grad``, as in training);
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
-  with ``mode="reduce-overhead"``, prefill and one training step, te_cudnn against ``sdpa``.
+  with ``mode="reduce-overhead"``, prefill and one training step, te_cudnn against ``sdpa``,
+  the two models taking turns call by call (host time drifts; see :func:`_alternating`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -141,59 +142,75 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def _timed(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+def _alternating(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds per call of each function after one warm-up call each, the functions
+    taking turns call by call, so that a slow spell of the host falls on all of them alike."""
+    for fn in fns.values():
         fn()
         torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[str, Any]:
-    """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa."""
+    """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
+    both models are built first and every measure alternates between them."""
     transformers = _transformers()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
     te_hf.register()
     torch.manual_seed(0)
     state = AutoModelForCausalLM.from_config(_llama_config()).to(BF16).state_dict()
     res: dict[str, Any] = {"model": "random-weight Llama, 16 layers, hidden 2048, 32 heads over 8 KV heads, bf16"}
+    models = {}
     for impl in ("sdpa", "te_cudnn"):
         model = AutoModelForCausalLM.from_config(_llama_config(), attn_implementation=impl)  # its own config
         model.load_state_dict(state)
-        model = model.to(device="cuda", dtype=BF16).eval()
-        r: dict[str, Any] = {}
-        for b in (4, 1):
-            ids = torch.randint(0, 32000, (b, prompt), device="cuda")
-            kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-            with torch.no_grad():
-                sec = _timed(lambda: model.generate(ids, **kw), reps)
-                r[f"generate b={b} dynamic cache tokens/s"] = b * new_tokens / sec
-                torch.compiler.reset()
-                cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
-                try:
-                    sec = _timed(lambda: model.generate(ids, cache_implementation="static", compile_config=cc, **kw),
-                                 reps)  # fmt: skip
-                    r[f"generate b={b} static cache + reduce-overhead tokens/s"] = b * new_tokens / sec
-                except Exception as exc:  # noqa: BLE001 - reported
-                    r[f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
-        ids = torch.randint(0, 32000, (1, 4096), device="cuda")
+        models[impl] = model.to(device="cuda", dtype=BF16).eval()
+    r: dict[str, dict[str, Any]] = {impl: {} for impl in models}
+
+    def record(measure: str, seconds: dict[str, float], per: Callable[[float], float]) -> None:
+        for impl, sec in seconds.items():
+            r[impl][measure] = per(sec)
+
+    for b in (4, 1):
+        ids = torch.randint(0, 32000, (b, prompt), device="cuda")
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        rate = lambda sec, b=b: b * new_tokens / sec  # noqa: E731
         with torch.no_grad():
-            r["prefill b=1 s=4096 ms"] = _timed(lambda: model(ids), 5) * 1e3
+            record(f"generate b={b} dynamic cache tokens/s",
+                   _alternating({i: (lambda m=m: m.generate(ids, **kw)) for i, m in models.items()}, reps), rate)
+            torch.compiler.reset()
+            cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
+            static = {i: (lambda m=m: m.generate(ids, cache_implementation="static", compile_config=cc, **kw))
+                      for i, m in models.items()}  # fmt: skip
+            try:
+                record(f"generate b={b} static cache + reduce-overhead tokens/s", _alternating(static, reps), rate)
+            except Exception as exc:  # noqa: BLE001 - reported
+                for impl in models:
+                    r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
+    ids = torch.randint(0, 32000, (1, 4096), device="cuda")
+    with torch.no_grad():
+        record("prefill b=1 s=4096 ms", _alternating({i: (lambda m=m: m(ids)) for i, m in models.items()}, 5),
+               lambda sec: sec * 1e3)
+    ids = torch.randint(0, 32000, (2, 2048), device="cuda")
+
+    def step(model):
+        model(ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for model in models.values():
         model.train()
-        ids = torch.randint(0, 32000, (2, 2048), device="cuda")
-
-        def step():
-            model(ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
-
-        r["training step b=2 s=2048 ms"] = _timed(step, 5) * 1e3
-        res[impl] = r
-        model = None
-        torch.cuda.empty_cache()
+    record("training step b=2 s=2048 ms", _alternating({i: (lambda m=m: step(m)) for i, m in models.items()}, 5),
+           lambda sec: sec * 1e3)
+    models = None
+    torch.cuda.empty_cache()
+    res.update(r)
     res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
                                if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip
     return res
