@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import te_cudnn.parallel.ring as ring_mod
+import te_cudnn.parallel.ring_pair as pair_mod
 import te_cudnn.parallel.ulysses_groups as groups_mod
 from _cp_standin import math_bwd, math_fwd
 
@@ -100,9 +101,10 @@ def measure(comm: str, cp: int, h: int, hg: int, d: int, s_local: int, monkeypat
 
     mode = LiveBytes()
     fwd, bwd = mode.opaque(math_fwd), mode.opaque(math_bwd)
-    for module in (ring_mod, groups_mod):
+    for module in (ring_mod, groups_mod, pair_mod):
         monkeypatch.setattr(module, "fused_attn_fwd", fwd)
-        monkeypatch.setattr(module, "fused_attn_bwd", bwd)
+        if hasattr(module, "fused_attn_bwd"):
+            monkeypatch.setattr(module, "fused_attn_bwd", bwd)
     g = torch.Generator().manual_seed(cp * 10 + rank)
     shape = lambda n: (b, s_local, n, d) if fmt == "bshd" else (s_local, b, n, d)  # noqa: E731
     q, k, v = (torch.randn(shape(n), generator=g).to(dtype).requires_grad_() for n in (h, hg, hg))
@@ -140,7 +142,7 @@ def p2p_derived(h: int, hg: int, d: int, e: int, cp: int, rank: int = 0, causal:
         later = (head_groups - 1) / head_groups * 2 * hg * d * e if cp > 1 else 0  # the other groups' last blocks
         one = p2p_derived(h, hg, d, e, cp, rank, causal) - (3 * h + 2 * hg) * d * e - 4 * h
         return inputs + whole + later + one / head_groups
-    if cp == 2 and version == "now":  # te_cudnn.parallel.ring.pair_applies: no fp32 accumulators
+    if cp == 2 and version == "now":  # te_cudnn.parallel.ring_pair.pair_applies: no fp32 accumulators
         inputs = (3 * h + 2 * hg) * d * e + 4 * h  # q, k, v, O (saved), dO; the fp32 stats
         block = 2 * hg * d * e
         first = block + grads(0)  # the neighbour's block and its step's gradients

@@ -14,6 +14,7 @@ calls clear it first).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -100,19 +101,25 @@ def math_bwd(max_q, max_kv, cu_q, cu_kv, q, k, v, o, d_o, dtype, aux, backend=No
 
 def _users(modules) -> set:
     """The given modules and the others that call the kernels: a2a's
-    (``te_cudnn.parallel.ulysses_groups``) and the halo's."""
+    (``te_cudnn.parallel.ulysses_groups``), the halo's and the two-rank ring's."""
     import te_cudnn.parallel.halo as halo_mod
+    import te_cudnn.parallel.ring_pair as pair_mod
     import te_cudnn.parallel.ulysses_groups as groups_mod
 
-    return {*modules, groups_mod, halo_mod}
+    return {*modules, groups_mod, halo_mod, pair_mod}
+
+
+def _slots(modules) -> list[tuple[Any, str, Any]]:
+    """(module, name, stand-in) for every kernel entry point the users hold."""
+    kernels = {"fused_attn_fwd": math_fwd, "fused_attn_bwd": math_bwd}
+    return [(m, name, fn) for m in _users(modules) for name, fn in kernels.items() if hasattr(m, name)]
 
 
 def install(monkeypatch, *modules) -> None:
     """Replace ``fused_attn_fwd``/``fused_attn_bwd`` in the given modules and the other users
     for one test, and clear :data:`CALLS`."""
-    for module in _users(modules):
-        monkeypatch.setattr(module, "fused_attn_fwd", math_fwd)
-        monkeypatch.setattr(module, "fused_attn_bwd", math_bwd)
+    for module, name, fn in _slots(modules):
+        monkeypatch.setattr(module, name, fn)
     CALLS.clear()
 
 
@@ -120,17 +127,16 @@ def install(monkeypatch, *modules) -> None:
 def installed(*modules):
     """:func:`install` for a ``with`` block (where no ``monkeypatch`` fixture reaches, as in
     hypothesis examples)."""
-    users = _users(modules)
-    saved = [(m, m.fused_attn_fwd, m.fused_attn_bwd) for m in users]
+    saved = [(m, name, getattr(m, name)) for m, name, _ in _slots(modules)]
     install_in_process(*modules)
     try:
         yield
     finally:
-        for m, fwd, bwd in saved:
-            m.fused_attn_fwd, m.fused_attn_bwd = fwd, bwd
+        for m, name, fn in saved:
+            setattr(m, name, fn)
 
 
 def install_in_process(*modules) -> None:
     """:func:`install` for a spawned rank process (for good: the process ends with the test)."""
-    for module in _users(modules):
-        module.fused_attn_fwd, module.fused_attn_bwd = math_fwd, math_bwd
+    for module, name, fn in _slots(modules):
+        setattr(module, name, fn)

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 import te_cudnn.parallel.ring as ring_mod
+import te_cudnn.parallel.ring_attn as ring_attn_mod
 from _cp_cpu import gather_results, spawn_gloo
-from _cp_standin import from_bhsd, install, install_in_process, installed, math_fwd, to_bhsd
+from _cp_standin import CALLS, from_bhsd, install, install_in_process, installed, math_fwd, to_bhsd
 from te_cudnn import UnsupportedConfigError
 from te_cudnn.parallel import cp_decline_reasons, shard, simulate_context_parallel, unshard
 from te_cudnn.parallel.api import _options
@@ -63,32 +64,79 @@ def test_ring_matches_full_attention(math_kernels, cp, fmt, mask, heads):
         assert err <= 2e-2 * max(1.0, y.abs().max().item()), f"{name}: max error {err}"
 
 
-@pytest.mark.parametrize("fmt,mask,heads,softmax_type", [
-    ("bshd", "causal", (4, 2, 16, 8), "vanilla"), ("sbhd", "causal", (4, 4, 16, 16), "learnable"),
-    ("bshd", "no_mask", (4, 1, 8, 16), "off_by_one"), ("sbhd", "no_mask", (4, 2, 16, 16), "vanilla")])  # fmt: skip
-def test_two_rank_backward_equals_the_fp32_accumulators_bit_for_bit(math_kernels, monkeypatch, fmt, mask, heads,
-                                                                      softmax_type):  # fmt: skip
-    """cp = 2 (ring.pair_applies): every gradient row sums two kernel results, added in place in
-    bf16 (fp32 arithmetic, one rounding), and the neighbour's dK/dV travels in bf16: the same
-    gradients as the fp32 accumulators, bit for bit."""
+def _pair_off(monkeypatch, backward: bool = True, forward: bool = True) -> None:
+    """Run the ring's programs at cp = 2 instead of te_cudnn.parallel.ring_pair's."""
+    if backward:
+        monkeypatch.setattr(ring_attn_mod, "pair_applies", lambda *a: False)
+    if forward:
+        monkeypatch.setattr(ring_attn_mod, "pair_forward_applies", lambda *a: False)
+
+
+def _two_ranks(fmt, mask, heads, softmax_type, seed):
     h, hg, d_qk, d_v = heads
     b, s = 2, 16
-    g = torch.Generator().manual_seed(h * 10 + hg)
+    g = torch.Generator().manual_seed(seed)
     shape = lambda n, d: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731
     q, k = (torch.randn(shape(n, d_qk), generator=g).bfloat16() for n in (h, hg))
     v = torch.randn(shape(hg, d_v), generator=g).bfloat16()
     d_out = torch.randn(shape(h, d_v), generator=g).bfloat16()
     offset = torch.randn(1, h, 1, 1, generator=g) if softmax_type == "learnable" else None
-    results = []
-    for pair in (True, False):
-        monkeypatch.setattr(ring_mod, "pair_applies", ring_mod.pair_applies if pair else (lambda *a: False))
+
+    def run():
         parts = [[shard(t, 2, r, fmt).requires_grad_() for r in range(2)] for t in (q, k, v)]
         outs = simulate_context_parallel(*parts, "p2p", qkv_format=fmt, attn_mask_type=mask, softmax_type=softmax_type,
                                          softmax_offset=offset)  # fmt: skip
         torch.autograd.backward(outs, [shard(d_out, 2, r, fmt) for r in range(2)])
-        results.append([unshard([p.grad for p in ps], fmt) for ps in parts])
-    for name, x, y in zip(("dq", "dk", "dv"), *results):
+        return [unshard([o.detach() for o in outs], fmt)] + [unshard([p.grad for p in ps], fmt) for ps in parts]
+
+    return run, (q, k, v, d_out)
+
+
+_PAIR_CASES = [("bshd", "causal", (4, 2, 16, 8), "vanilla"), ("sbhd", "causal", (4, 4, 16, 16), "learnable"),
+               ("bshd", "no_mask", (4, 1, 8, 16), "off_by_one"), ("sbhd", "no_mask", (4, 2, 16, 16), "vanilla")]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt,mask,heads,softmax_type", _PAIR_CASES)
+def test_two_rank_backward_equals_the_fp32_accumulators_bit_for_bit(math_kernels, monkeypatch, fmt, mask, heads,
+                                                                      softmax_type):  # fmt: skip
+    """cp = 2 (ring_pair.pair_applies): every gradient row sums two kernel results, added in place
+    in bf16 (fp32 arithmetic, one rounding), and the neighbour's dK/dV travels in bf16: the same
+    gradients as the fp32 accumulators, bit for bit (both from the ring's forward)."""
+    run, _ = _two_ranks(fmt, mask, heads, softmax_type, heads[0] * 10 + heads[1])
+    _pair_off(monkeypatch, backward=False)
+    paired = run()
+    _pair_off(monkeypatch)
+    ringed = run()
+    for name, x, y in zip(("out", "dq", "dk", "dv"), paired, ringed):
         assert x.dtype == torch.bfloat16 and torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("fmt,mask,heads,softmax_type", _PAIR_CASES)
+def test_two_rank_forward_joins_the_blocks(math_kernels, monkeypatch, fmt, mask, heads, softmax_type):
+    """cp = 2 without sink or dropout: each query row is one call against the keys it reaches
+    (the neighbour's block joined to the own, bottom-right causal), no merge; with a sink the
+    ring's forward runs. Output and gradients match the full sequence's, and the ring's."""
+    run, (q, k, v, d_out) = _two_ranks(fmt, mask, heads, softmax_type, heads[0] * 10 + heads[1] + 1)
+    CALLS.clear()  # the stand-in records forward calls: (sq, skv, mask, window)
+    paired = run()
+    fwd_calls = sorted(x[:3] for x in CALLS)
+    _pair_off(monkeypatch)
+    ringed = run()
+    c = q.shape[1 if fmt == "bshd" else 0] // 4  # tokens per chunk
+    if softmax_type != "vanilla":
+        assert "causal_bottom_right" not in {x[2] for x in fwd_calls}
+    elif mask == "causal":  # rank 0: chunk 0 alone, chunk 3 against all four; rank 1: both chunks against three
+        assert fwd_calls == [(c, c, "causal"), (c, 4 * c, "causal_bottom_right"), (2 * c, 3 * c, "causal_bottom_right")]
+    else:
+        assert fwd_calls == [(2 * c, 4 * c, "no_mask")] * 2
+    ref = _full_reference(q, k, v, d_out, mask, fmt) if softmax_type == "vanilla" else ringed
+    for name, x, y, z in zip(("out", "dq", "dk", "dv"), paired, ringed, ref):
+        assert x.dtype == torch.bfloat16, name
+        tol = 2e-2 * max(1.0, y.abs().max().item())
+        assert (x.double() - y.double()).abs().max().item() <= tol, name
+        assert (x.double() - z.double()).abs().max().item() <= tol, name
+        if softmax_type != "vanilla":  # the ring's forward: the same program both times
+            assert torch.equal(x, y), name
 
 
 def test_schedule_covers_every_block_once():

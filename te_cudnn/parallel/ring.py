@@ -369,13 +369,9 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
     blocks alive at most: the one attended and the one arriving). Blocks travel the other way
     round the ring, so the last step's block is the rank's own: it attends its ``k``, ``v``
     instead of receiving them (``cp - 2`` block messages, none at ``cp = 2``). Returns fp32
-    (dq, dk, dv) of the rank's own tokens (in q's dtype at ``cp = 2`` with dense sections:
-    :func:`pair_applies`)."""
+    (dq, dk, dv) of the rank's own tokens. (Two ranks with dense sections run
+    :mod:`~te_cudnn.parallel.ring_pair` instead.)"""
     cp, r = spec.cp, spec.rank
-    if pair_applies(spec, tiles):
-        pair = _pair_backward(spec, tiles, q, k, v, o, d_o, lse, rngs, packet)
-        del packet  # the pair's program frees it after its first step
-        return (yield from pair)
     block = (k, v) if cp == 1 else _unpack(packet, k.shape, v.shape)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dkv = outgoing = None
@@ -405,39 +401,3 @@ def backward_program(spec: RingSpec, tiles, q, k, v, o, d_o, lse, rngs, packet):
             block = (k, v)
     dk, dv = _unpack(dkv, k.shape, v.shape)
     return dq_acc, dk, dv
-
-
-def pair_applies(spec: RingSpec, tiles) -> bool:
-    """Two ranks, one fused call per step (dense sections): every row of dQ, dK and dV is the sum
-    of exactly two kernel results, the neighbour's block's and the rank's own."""
-    return spec.cp == 2 and isinstance(tiles, DenseTiles)
-
-
-def _pair_backward(spec: RingSpec, tiles: DenseTiles, q, k, v, o, d_o, lse, rngs, packet):
-    """The backward of a two-rank ring without fp32 accumulators (see :func:`pair_applies`): the
-    own block's gradients, in q's dtype, take the neighbour block's in place (fp32 arithmetic,
-    rounded once: the fp32 accumulators' result bit for bit), and the gradient of the
-    neighbour's block travels in k's dtype. The neighbour's block comes first (it is the
-    forward's last packet), the own block's step overlaps the exchange."""
-    r = spec.rank
-    origin = bwd_origin(2, r, 0)
-    sect, grads = tiles.backward_step(origin, q, *_unpack(packet, k.shape, v.shape), o, d_o, lse,
-                                      rngs[fwd_step_of(2, r, origin)])  # fmt: skip
-    del packet
-    dq_other = grads[0]
-    outgoing = torch.zeros(k.numel() + v.numel(), dtype=k.dtype, device=k.device)  # rows outside the section: 0
-    out_k, out_v = _unpack(outgoing, k.shape, v.shape)
-    tiles._kv(out_k, sect).copy_(grads[1])
-    tiles._kv(out_v, sect).copy_(grads[2])
-    del grads, out_k, out_v
-    incoming = torch.empty_like(outgoing)
-    handle = yield Post((outgoing,), (incoming,), forward=False)
-    _, (dq, dk, dv) = tiles.backward_step(r, q, k, v, o, d_o, lse, rngs[fwd_step_of(2, r, r)])  # every row and key
-    tiles._q(dq, sect).add_(dq_other)
-    del dq_other
-    yield Wait(handle)
-    del outgoing
-    back_k, back_v = _unpack(incoming, k.shape, v.shape)
-    dk.add_(back_k)
-    dv.add_(back_v)
-    return dq, dk, dv

@@ -27,6 +27,7 @@ from ..autograd import _readable_grad
 from .partition import group_heads
 from .halo import HaloTiles, halo_backward_program, halo_forward_program
 from .ring import RingSpec, backward_program, forward_program
+from .ring_pair import pair_applies, pair_backward_program, pair_forward_applies, pair_forward_program
 from .ring_sink import add_sink, sink_grad, sink_logits
 
 __all__ = ["RingJob", "RingAttn"]
@@ -51,14 +52,19 @@ def _group_sink(sink: Optional[torch.Tensor], g: int, groups: int) -> Optional[t
     return sink[g * n : (g + 1) * n]
 
 
-def _forward(tiles, sink: Optional[torch.Tensor]):
-    """The rank program of ``tiles``: the ring, or the halo exchange of short causal windows
-    (which folds the sink in itself, before rounding its merged rows)."""
-    return partial(halo_forward_program, sink=sink) if isinstance(tiles, HaloTiles) else forward_program
+def _forward(spec: RingSpec, tiles, sink: Optional[torch.Tensor]):
+    """The rank program of ``tiles``: the ring, two ranks' joined calls (te_cudnn.parallel.ring_pair)
+    or the halo exchange of short causal windows (which folds the sink in itself, before
+    rounding its merged rows)."""
+    if isinstance(tiles, HaloTiles):
+        return partial(halo_forward_program, sink=sink)
+    return pair_forward_program if pair_forward_applies(spec, tiles, sink) else forward_program
 
 
-def _backward(tiles):
-    return halo_backward_program if isinstance(tiles, HaloTiles) else backward_program
+def _backward(spec: RingSpec, tiles):
+    if isinstance(tiles, HaloTiles):
+        return halo_backward_program
+    return pair_backward_program if pair_applies(spec, tiles) else backward_program
 
 
 def _add_sinks(results: list, sink: torch.Tensor, job: RingJob) -> None:
@@ -90,7 +96,7 @@ class RingAttn(torch.autograd.Function):
         aux = []  # per group: (lse, rng states, last packet) per rank
         for g in range(G):
             g_sink = _group_sink(sink, g, G)
-            results = job.run([_forward(t, g_sink)(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
+            results = job.run([_forward(s, t, g_sink)(s, t, group_heads(q, g, G), group_heads(k, g, G), group_heads(v, g, G), r)
                                for s, t, q, k, v, r in zip(job.specs, job.tiles, qs, ks, vs, job.rng_states[g])])  # fmt: skip
             if sink is not None and not isinstance(job.tiles[0], HaloTiles):  # once per row, after every block
                 _add_sinks(results, g_sink, job)  # (te_cudnn.parallel.ring_sink)
@@ -115,7 +121,7 @@ class RingAttn(torch.autograd.Function):
         for g in range(G):
             aux, ctx.aux[g] = ctx.aux[g], [a[:1] for a in ctx.aux[g]]  # the programs own the last blocks
             views = [[group_heads(x, g, G) for x in xs] for xs in (qs, ks, vs, outs, d_outs)]
-            programs = [_backward(t)(s, t, *tensors, *a)
+            programs = [_backward(s, t)(s, t, *tensors, *a)
                         for s, t, *tensors, a in zip(job.specs, job.tiles, *views, aux)]  # fmt: skip
             del aux
             results = job.run(programs)
