@@ -137,6 +137,8 @@ def _readable_grad(g: torch.Tensor) -> torch.Tensor:
     return g.contiguous()
 
 
+_grad_enabled = torch.is_grad_enabled
+
 _FUSED_ARGUMENTS = ("attn_bias", "cu_seqlens_q", "cu_seqlens_kv", "rng_gen", "is_training", "softmax_offset", "lengths")
 #: The options :class:`Fp8FusedAttnFunc` passes on (it has no bias, dropout or window).
 _FP8_OPTIONS = ("qkv_layout", "attn_mask_type", "attn_scale", "deterministic", "fused_attention_backend")
@@ -202,16 +204,26 @@ class _LeanAttnFunc(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out):
-        q, k, v, out, stats = ctx.saved_tensors
-        entry = ctx.entry
+        if _grad_enabled():  # create_graph=True: a second derivative must raise (once_differentiable)
+            return _lean_backward_once(ctx, d_out)
+        return _lean_backward(ctx, d_out)
+
+
+def _lean_backward(ctx, d_out):
+    q, k, v, out, stats = ctx.saved_tensors
+    entry = ctx.entry
+    prep = entry.backwards.get(d_out.stride())  # a learned stride is readable (_readable_grad): the shape is fixed
+    if prep is None:
         d_out = _readable_grad(d_out)
         prep = entry.backwards.get(d_out.stride())
-        if prep is not None:
-            dq, dk, dv, _, _ = plain_bwd(prep, q, k, v, out, d_out, stats, ctx.rng_state)
-            return dq, dk, dv, None
-        return (*_first_lean_backward(entry, q, k, v, out, d_out, stats, ctx.rng_state), None)
+        if prep is None:
+            return (*_first_lean_backward(entry, q, k, v, out, d_out, stats, ctx.rng_state), None)
+    dq, dk, dv, _, _ = plain_bwd(prep, q, k, v, out, d_out, stats, ctx.rng_state)
+    return dq, dk, dv, None
+
+
+_lean_backward_once = torch.autograd.function.once_differentiable(_lean_backward)
 
 
 def _first_lean_backward(entry: LeanTraining, q, k, v, out, d_out, stats, rng_state) -> tuple:
@@ -235,9 +247,18 @@ def _first_lean_backward(entry: LeanTraining, q, k, v, out, d_out, stats, rng_st
     return grads
 
 
+#: ``_LeanAttnFunc.apply`` without the Python wrapper of ``Function.apply``, which binds default
+#: arguments (the function has none) and unwraps functorch tensors (used only while no functorch
+#: transform is active; under one, the full ``apply``).
+_lean_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _LeanAttnFunc)
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def lean_attention(entry: LeanTraining, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A remembered training call (te_cudnn.lean) again on new tensors of its signature."""
-    return _LeanAttnFunc.apply(q, k, v, entry)
+    if _functorch_active():
+        return _LeanAttnFunc.apply(q, k, v, entry)
+    return _lean_apply(q, k, v, entry)
 
 
 def fused_attention(
