@@ -19,7 +19,8 @@ from . import torch_ops
 from .enums import FusedAttnBackend, QKVFormat, QKVLayout
 from .layouts import layout_info
 from .launchers import plain_bwd, plain_fwd
-from .lean import LeanTraining, new_output, wants_grad
+from .errors import MisalignedError
+from .lean import LeanDoor, LeanTraining, as_is, new_output, policy_token, wants_grad
 from .ops import fused_attn_bwd, fused_attn_fwd
 from .torch_ops import _is_compiling, use_custom_ops
 from .varlen import BatchLengths
@@ -321,12 +322,35 @@ def fused_attention(
     An unknown keyword raises ``TypeError`` naming it, what was probably meant (``is_causal``,
     ``softmax_scale``, ...) and every accepted option.
     """
+    sig, recorded = None, False
+    if (attn_bias is None and cu_seqlens_q is None and cu_seqlens_kv is None and rng_gen is None
+            and softmax_offset is None and lengths is None and not _is_compiling()):  # fmt: skip
+        try:  # a signature seen before: its remembered call (te_cudnn.lean)
+            recorded = wants_grad(q, k, v)
+            if not recorded or (is_training is not False and not use_custom_ops()):
+                sig = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                       q.get_device(), k.get_device(), v.get_device(), policy_token(), is_training, recorded,
+                       *options.items())  # fmt: skip
+                entry = _LEAN.find(sig)
+                if entry is not None:
+                    return lean_attention(entry, q, k, v) if recorded else LeanDoor.run(entry, q, k, v)
+        except (AttributeError, TypeError, MisalignedError):  # the full path below names what is wrong
+            sig = None
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)
     q_dim, kv_dim, _ = _facts(opts.qkv_layout)
     if is_training is None:
         is_training = torch.is_grad_enabled()
-    return attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, q.shape[q_dim], k.shape[kv_dim], is_training,
-                  rng_gen, opts, softmax_offset=softmax_offset, lengths=lengths)  # fmt: skip
+    prepared: list = []
+    sq, skv = q.shape[q_dim], k.shape[kv_dim]
+    out = attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, sq, skv, is_training, rng_gen, opts,
+                 softmax_offset=softmax_offset, lengths=lengths, _prepared=prepared)  # fmt: skip
+    if sig is not None:
+        _LEAN.learn(sig, prepared, out, (opts, (sq, skv), as_is, as_is) if recorded else None)
+    return out
+
+
+#: ``fused_attention``'s remembered calls (te_cudnn.lean).
+_LEAN = LeanDoor()
 
 
 def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_training, rng_gen,

@@ -77,6 +77,18 @@ def test_module_repeated_call_equals_first():
     assert torch.equal(first, again) and torch.equal(first, direct.view(2, 128, 512))
 
 
+def test_fused_attention_repeated_call_equals_first():
+    q, k, v = (torch.randn(2, 128, 8, 64, device=DEVICE, dtype=BF16) for _ in range(3))
+    with torch.no_grad():
+        first = tc.fused_attention(q, k, v, attn_mask_type="causal")
+        again = tc.fused_attention(q, k, v, attn_mask_type="causal")
+        other = tc.fused_attention(q, k, v, attn_mask_type="no_mask")  # another signature: not the causal call's
+        direct, _ = tc.fused_attn_fwd(False, 128, 128, None, None, q, k, v, BF16, None, qkv_layout="bshd_bshd_bshd",
+                                      attn_mask_type="no_mask")  # fmt: skip
+    assert torch.equal(first, again) and first.stride() == again.stride()
+    assert torch.equal(other, direct) and not torch.equal(other, first)
+
+
 @pytest.mark.parametrize("bshd_memory", [False, True])
 def test_gradients_in_the_inputs_strides(bshd_memory):
     q, k, v = (_bhsd(bshd_memory=bshd_memory).requires_grad_() for _ in range(3))
@@ -109,6 +121,8 @@ def _training_doors():
         "module bshd gqa": (lambda q, k, v: m_bshd(q, k, v), "bshd gqa"),
         "module sbhd": (lambda q, k, v: m_sbhd(q, k, v), "sbhd"),
         "transformers": (lambda q, k, v: te_hf.attention_forward(hf, q, k, v, None, is_causal=True)[0], "bhsd gqa"),
+        "fused_attention bshd gqa": (lambda q, k, v: tc.fused_attention(q, k, v, attn_mask_type="causal"), "bshd gqa"),
+        "fused_attention sbhd": (lambda q, k, v: tc.fused_attention(q, k, v, qkv_layout="sbhd_sbhd_sbhd"), "sbhd"),
     }
 
 
