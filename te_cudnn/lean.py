@@ -1,7 +1,7 @@
 """The front doors' cached inference forward.
 
-The module, the SDPA drop-in and the Hugging Face attention function validate, translate and
-select on the first call of a signature (their inputs' shapes, strides, dtypes and devices and
+The module, the SDPA drop-in, ``fused_attention`` and the Hugging Face attention function
+validate, translate and select on the first call of a signature (their inputs' shapes, strides, dtypes and devices and
 the options that change the plan). A later call of that signature that wants no gradient and
 runs no dropout needs none of it again: it allocates the output in the door's own geometry
 (the drop-in's ``[b, h, s, d]`` view of ``[b, s, h, d]`` memory, the module's flattened heads)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -38,6 +39,7 @@ from ..sdpa import scaled_dot_product_attention
 from ..timing import event_ms, host_medians
 from .chart import pyplot
 from .environment import environment
+from .ratios import paired_ratio
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -104,8 +106,13 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
         return host_medians(fns, rounds, calls)
 
 
-def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> list[dict[str, Any]]:
-    """fwd+bwd milliseconds per step of the drop-in and of torch's cuDNN SDPA, interleaved."""
+def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 21, seed: int = 0) -> list[dict[str, Any]]:
+    """fwd+bwd milliseconds per step of the drop-in and of torch's cuDNN SDPA in interleaved
+    rounds (a seeded random order per round; each sample after ``3`` untimed steps), with the
+    paired ratio (the median of the per-round ratios and its 95 % interval,
+    te_cudnn.benchmark.ratios): at the small shapes a step is about as long as its host time,
+    and host jitter between rounds cancels in the round's ratio."""
+    order = random.Random(seed)
     rows = []
     for b, h, hk, s, d in shapes:
         for form in ("BHSD leaves", "BSHD views"):
@@ -126,12 +133,16 @@ def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 7) -> li
                     F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
 
             times: dict[str, list[float]] = {"te_cudnn": [], "torch cuDNN": []}
+            steps = [("te_cudnn", te_step), ("torch cuDNN", torch_step)]
             for _ in range(rounds):
-                for name, step in (("te_cudnn", te_step), ("torch cuDNN", torch_step)):
-                    times[name].append(event_ms(step, reps))
+                order.shuffle(steps)
+                for name, step in steps:
+                    times[name].append(event_ms(step, reps, lead=3))
             te_ms, torch_ms = statistics.median(times["te_cudnn"]), statistics.median(times["torch cuDNN"])
+            ratio, low, high = paired_ratio(times["te_cudnn"], times["torch cuDNN"])
             rows.append({"shape": f"b={b} h={h} hg={hk} s={s} d={d} causal", "inputs": form, "te_cudnn_ms": te_ms,
-                         "torch_cudnn_ms": torch_ms, "ratio": te_ms / torch_ms})  # fmt: skip
+                         "torch_cudnn_ms": torch_ms, "ratio": ratio, "ratio_low": low, "ratio_high": high,
+                         "rounds": rounds})  # fmt: skip
             q = k = v = go = None  # free this shape's tensors before the next
     return rows
 
@@ -223,11 +234,13 @@ def _markdown(res: dict[str, Any]) -> str:
     base = host.get("torch SDPA (default backend)")
     for name, us in host.items():
         lines.append(f"| {name} | {us:.1f} | {us / base:.2f}× |" if base else f"| {name} | {us:.1f} | |")
-    lines += ["", "### Drop-in forward+backward (ms per step, causal)", "", "| shape | inputs | te_cudnn | torch cuDNN | "
-              "ratio |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "### Drop-in forward+backward (ms per step, causal; medians over interleaved rounds, the ratio "
+              "paired by round with its 95 % interval)", "", "| shape | inputs | te_cudnn | torch cuDNN | ratio | "
+              "interval |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in res.get("fwd_bwd", []):
+        interval = f"{r['ratio_low']:.3f}–{r['ratio_high']:.3f}" if "ratio_low" in r else ""
         lines.append(f"| {r['shape']} | {r['inputs']} | {r['te_cudnn_ms']:.3f} | {r['torch_cudnn_ms']:.3f} | "
-                     f"{r['ratio']:.3f} |")  # fmt: skip
+                     f"{r['ratio']:.3f} | {interval} |")  # fmt: skip
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "", "| measure | sdpa | te_cudnn | te_cudnn / sdpa |",
