@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -153,23 +153,28 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def _alternating(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None) -> dict[str, float]:
     """Median seconds per call of each function after one warm-up call each, the functions
-    taking turns call by call, so that a slow spell of the host falls on all of them alike."""
+    taking turns call by call (the first of a turn alternating), so that a slow spell of the
+    host falls on all of them alike. ``paired`` receives the per-turn samples."""
     for fn in fns.values():
         fn()
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {name: [] for name in fns}
+    turn = list(fns.items())
     for _ in range(reps):
-        for name, fn in fns.items():
+        for name, fn in turn:
             t0 = time.perf_counter()
             fn()
             torch.cuda.synchronize()
             times[name].append(time.perf_counter() - t0)
+        turn.reverse()
+    if paired is not None:
+        paired.update(times)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 5) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
     both models are built first and every measure alternates between them."""
     transformers = _transformers()
@@ -185,9 +190,15 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[st
         models[impl] = model.to(device="cuda", dtype=BF16).eval()
     r: dict[str, dict[str, Any]] = {impl: {} for impl in models}
 
-    def record(measure: str, seconds: dict[str, float], per: Callable[[float], float]) -> None:
-        for impl, sec in seconds.items():
+    intervals: dict[str, list[float]] = {}
+
+    def record(measure: str, fns: dict[str, Callable[[], Any]], reps: int, per: Callable[[float], float]) -> None:
+        samples: dict[str, list[float]] = {}
+        for impl, sec in _alternating(fns, reps, samples).items():
             r[impl][measure] = per(sec)
+        paired = paired_ratio([per(x) for x in samples["te_cudnn"]], [per(x) for x in samples["sdpa"]])
+        if paired is not None:
+            intervals[measure] = list(paired)
 
     for b in (4, 1):
         ids = torch.randint(0, 32000, (b, prompt), device="cuda")
@@ -195,19 +206,19 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[st
         rate = lambda sec, b=b: b * new_tokens / sec  # noqa: E731
         with torch.no_grad():
             record(f"generate b={b} dynamic cache tokens/s",
-                   _alternating({i: (lambda m=m: m.generate(ids, **kw)) for i, m in models.items()}, reps), rate)
+                   {i: (lambda m=m: m.generate(ids, **kw)) for i, m in models.items()}, reps, rate)
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
             static = {i: (lambda m=m: m.generate(ids, cache_implementation="static", compile_config=cc, **kw))
                       for i, m in models.items()}  # fmt: skip
             try:
-                record(f"generate b={b} static cache + reduce-overhead tokens/s", _alternating(static, reps), rate)
+                record(f"generate b={b} static cache + reduce-overhead tokens/s", static, reps, rate)
             except Exception as exc:  # noqa: BLE001 - reported
                 for impl in models:
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
     ids = torch.randint(0, 32000, (1, 4096), device="cuda")
     with torch.no_grad():
-        record("prefill b=1 s=4096 ms", _alternating({i: (lambda m=m: m(ids)) for i, m in models.items()}, 5),
+        record("prefill b=1 s=4096 ms", {i: (lambda m=m: m(ids)) for i, m in models.items()}, 21,
                lambda sec: sec * 1e3)
     ids = torch.randint(0, 32000, (2, 2048), device="cuda")
 
@@ -217,13 +228,14 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 3) -> dict[st
 
     for model in models.values():
         model.train()
-    record("training step b=2 s=2048 ms", _alternating({i: (lambda m=m: step(m)) for i, m in models.items()}, 5),
+    record("training step b=2 s=2048 ms", {i: (lambda m=m: step(m)) for i, m in models.items()}, 11,
            lambda sec: sec * 1e3)
     models = None
     torch.cuda.empty_cache()
     res.update(r)
     res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
                                if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip
+    res["te_cudnn vs sdpa, paired by turn (median, 95 % interval)"] = intervals
     return res
 
 
@@ -243,14 +255,17 @@ def _markdown(res: dict[str, Any]) -> str:
                      f"{r['ratio']:.3f} | {interval} |")  # fmt: skip
     hf = res.get("hf")
     if hf:
-        lines += ["", f"### Hugging Face ({hf['model']})", "", "| measure | sdpa | te_cudnn | te_cudnn / sdpa |",
-                  "|---|---|---|---|"]  # fmt: skip
+        lines += ["", f"### Hugging Face ({hf['model']})", "",
+                  "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired by turn (95 % interval) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        paired = hf.get("te_cudnn vs sdpa, paired by turn (median, 95 % interval)", {})
         for k, v in hf.get("sdpa", {}).items():
             t = hf.get("te_cudnn", {}).get(k)
             if isinstance(v, float) and isinstance(t, float):
-                lines.append(f"| {k} | {v:.1f} | {t:.1f} | {t / v:.3f} |")
+                turn = f"{paired[k][0]:.3f} ({paired[k][1]:.3f}–{paired[k][2]:.3f})" if k in paired else ""
+                lines.append(f"| {k} | {v:.1f} | {t:.1f} | {t / v:.3f} | {turn} |")
             else:
-                lines.append(f"| {k} | {v} | {t} | |")
+                lines.append(f"| {k} | {v} | {t} | | |")
     return "\n".join(lines) + "\n"
 
 
