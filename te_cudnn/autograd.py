@@ -17,9 +17,9 @@ import torch
 
 from . import torch_ops
 from .enums import FusedAttnBackend, QKVFormat, QKVLayout
+from .errors import MisalignedError
 from .layouts import layout_info
 from .launchers import plain_bwd, plain_fwd
-from .errors import MisalignedError
 from .lean import LeanDoor, LeanTraining, as_is, new_output, policy_token, wants_grad
 from .ops import fused_attn_bwd, fused_attn_fwd
 from .torch_ops import _is_compiling, use_custom_ops
