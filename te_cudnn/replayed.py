@@ -23,8 +23,10 @@ Rules that keep it right:
   orders them.
 * **Captured on the second sighting** of a key (a one-off call never pays for a capture), on
   te_cudnn's worker thread (never into a pool torch.compile's CUDA-graph trees route the
-  caller's thread to) and a side stream. Never during a capture of the caller's: the caller's
-  graph records the kernels themselves.
+  caller's thread to) and a stream of te_cudnn's own, which no other code can be using
+  (``torch.cuda.Stream()`` hands out a pool of 32 streams round-robin: a capture on one of
+  them would record another thread's work on it). Never during a capture of the caller's:
+  the caller's graph records the kernels themselves.
 
 ``TE_CUDNN_REPLAY_DERIVATIONS=0`` in the environment (read at import) or
 :func:`replay_derivations` ``(False)`` turns replays off: every call launches the kernels.
@@ -32,7 +34,9 @@ Rules that keep it right:
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -110,7 +114,7 @@ def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: i
     stream is the caller's); nothing runs until the graph is replayed."""
     side = _side.get(index)
     if side is None:
-        side = _side[index] = torch.cuda.Stream(index)
+        side = _side[index] = _private_stream(index)
     pool = _pools.get((index, stream))
     if pool is None:
         pool = _pools[(index, stream)] = torch.cuda.graph_pool_handle()
@@ -123,3 +127,17 @@ def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: i
             graph.capture_end()
     return graph, results, reads
 
+
+
+def _private_stream(index: int) -> torch.cuda.ExternalStream:
+    """A new non-blocking CUDA stream on device ``index`` (the driver's ``cuStreamCreate``; the
+    caller's thread has the device's primary context current), kept for the process."""
+    lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    create = lib.cuStreamCreate
+    create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    create.restype = ctypes.c_int
+    handle = ctypes.c_void_p()
+    status = create(ctypes.byref(handle), 1)  # CU_STREAM_NON_BLOCKING
+    if status != 0:
+        raise RuntimeError(f"te_cudnn: cuStreamCreate failed (CUresult {status}) on cuda:{index}")
+    return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))

@@ -30,7 +30,9 @@ def _sink_run(label: str, case, cp: int, comm: str, softmax_type: str, window, *
     """``comm`` over ``cp`` ranks with an attention sink (a fresh learnable logit per head, or
     off_by_one) and ``window``, checked by :func:`check_sinks` against the reference and one GPU."""
     h = case.q.shape[-2]
-    shared = torch.randn(1, h, 1, 1, device="cuda", requires_grad=True) if softmax_type == "learnable" else None
+    gen = torch.Generator(device="cuda").manual_seed(7)  # not the global generator: the same logits whatever ran before
+    shared = (torch.randn(1, h, 1, 1, device="cuda", generator=gen).requires_grad_() if softmax_type == "learnable"
+              else None)  # fmt: skip
     extra = dict(softmax_type=softmax_type, softmax_offset=shared)
     if window is not None:
         extra["window_size"] = window
