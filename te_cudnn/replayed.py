@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from .launch import kept
+from .launch import on_worker
 
 __all__ = ["replayed", "replay_derivations", "replaying", "clear", "entries", "REPLAY_LIMIT"]
 
@@ -103,15 +103,15 @@ def replayed(key: tuple, index: int, stream: int, derive: Callable[[list], list[
     if len(_graphs) >= REPLAY_LIMIT:
         _graphs.clear()
         _pools.clear()
-    graph, results, reads = kept(lambda: _capture(derive, index, stream), torch.device("cuda", index))
+    graph, results, reads = on_worker(lambda: _capture(derive, index, stream), index)
     _graphs[key] = (graph, results, (keep, reads))
     _replay(graph)
     return results
 
 
 def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: int) -> tuple:
-    """Capture ``derive`` on a side stream (runs on te_cudnn's worker thread, whose current
-    stream is the caller's); nothing runs until the graph is replayed."""
+    """Capture ``derive`` on te_cudnn's own stream (runs on te_cudnn's worker thread, which
+    never takes the caller's stream); nothing runs until the graph is replayed."""
     side = _side.get(index)
     if side is None:
         side = _side[index] = _private_stream(index)
@@ -130,14 +130,21 @@ def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: i
 
 
 def _private_stream(index: int) -> torch.cuda.ExternalStream:
-    """A new non-blocking CUDA stream on device ``index`` (the driver's ``cuStreamCreate``; the
-    caller's thread has the device's primary context current), kept for the process."""
+    """A new non-blocking CUDA stream in device ``index``'s primary context (the one torch
+    uses), made with the driver API and kept for the process."""
     lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-    create = lib.cuStreamCreate
-    create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-    create.restype = ctypes.c_int
-    handle = ctypes.c_void_p()
-    status = create(ctypes.byref(handle), 1)  # CU_STREAM_NON_BLOCKING
-    if status != 0:
-        raise RuntimeError(f"te_cudnn: cuStreamCreate failed (CUresult {status}) on cuda:{index}")
+    ref = ctypes.byref
+    dev, ctx, handle, popped = ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"te_cudnn: {what} failed (CUresult {status}) on cuda:{index}")
+
+    check(lib.cuDeviceGet(ref(dev), ctypes.c_int(index)), "cuDeviceGet")
+    check(lib.cuDevicePrimaryCtxRetain(ref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+    try:
+        check(lib.cuStreamCreate(ref(handle), ctypes.c_uint(1)), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
+    finally:
+        lib.cuCtxPopCurrent_v2(ref(popped))
     return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
