@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -54,6 +55,9 @@ _graphs: dict[tuple, tuple] = {}  # key -> (graph, results, what the graph reads
 _seen: dict[tuple, None] = {}  # keys derived once by launching the kernels
 _pools: dict[tuple, Any] = {}  # (device index, stream) -> memory pool of that stream's graphs
 _side: dict[int, torch.cuda.Stream] = {}  # device index -> the stream captures run on
+# Held while graphs are captured or dropped, never while one is replayed: a pool must not lose
+# its last graph (and with it torch's count of its users) while a capture into it is under way.
+_lock = threading.Lock()
 try:  # ``CUDAGraph.replay`` without its Python wrapper (which only calls this)
     _replay = torch._C._CUDAGraph.replay
 except AttributeError:  # pragma: no cover - CPU-only torch builds
@@ -73,8 +77,13 @@ def replaying() -> bool:
 
 def clear() -> None:
     """Drop every graph (a later call captures again)."""
-    _graphs.clear()
+    with _lock:
+        _drop()
     _seen.clear()
+
+
+def _drop() -> None:
+    _graphs.clear()
     _pools.clear()  # a pool whose graphs are all gone is gone too: later graphs start new ones
 
 
@@ -100,13 +109,15 @@ def replayed(key: tuple, index: int, stream: int, derive: Callable[[list], list[
             _seen.clear()
         _seen[key] = None
         return derive([])
-    if len(_graphs) >= REPLAY_LIMIT:
-        _graphs.clear()
-        _pools.clear()
-    graph, results, reads = on_worker(lambda: _capture(derive, index, stream), index)
-    _graphs[key] = (graph, results, (keep, reads))
-    _replay(graph)
-    return results
+    with _lock:  # threads that miss one key together capture it once
+        entry = _graphs.get(key)
+        if entry is None:
+            if len(_graphs) >= REPLAY_LIMIT:
+                _drop()
+            graph, results, reads = on_worker(lambda: _capture(derive, index, stream), index)
+            entry = _graphs[key] = (graph, results, (keep, reads))
+    _replay(entry[0])
+    return entry[1]
 
 
 def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: int) -> tuple:
