@@ -54,7 +54,7 @@ __all__ = [
     "launch", "execute", "is_capturing", "capture_id", "release_workspaces", "misaligned", "check_aligned",
     "seed_offset", "current_raw_stream", "current_device", "data_ptr", "FWD_NAMES", "BWD_NAMES",
     "check_operands", "checking_operands", "DeclaredOperand", "declared_operands", "declared_in_graph",
-    "operand_mismatches", "check_bound", "check_pointers", "operand_checks", "kept",
+    "operand_mismatches", "check_bound", "check_pointers", "operand_checks", "kept", "on_worker",
 ]  # fmt: skip
 
 #: The names of the leading operands whose 16-byte alignment a launch checks (error messages).
@@ -154,6 +154,20 @@ def _make_on(make: Callable[[], Any], index: int, stream: Optional[torch.cuda.St
         return make()
     with torch.cuda.device(index), torch.cuda.stream(stream):
         return make()
+
+
+def _on_device(fn: Callable[[], Any], index: int) -> Any:
+    with torch.cuda.device(index):
+        return fn()
+
+
+def on_worker(fn: Callable[[], Any], index: int) -> Any:
+    """``fn()`` on te_cudnn's worker thread (the one :func:`kept` uses), with device ``index``
+    current and that thread's own current stream (not the caller's): for work that must not
+    touch the caller's streams or allocate from a pool the caller's thread is routed to."""
+    if threading.current_thread().name.startswith("te_cudnn-kept"):
+        return _on_device(fn, index)
+    return _keeper_pool().submit(_on_device, fn, index).result()
 
 
 def kept(make: Callable[[], Any], device: Optional[torch.device] = None) -> Any:

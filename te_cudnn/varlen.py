@@ -9,7 +9,9 @@ Where they come from (:func:`buffers_for`):
 
 * by default, from the ``cu_seqlens*`` of the call itself, derived on every call: the answer
   never depends on how the caller wrote them (``.data``, DLPack, numpy, custom kernels, NCCL,
-  a CUDA-graph replay into a static buffer);
+  a CUDA-graph replay into a static buffer). From the second call with the same tensors (same
+  address, length and stride) on, the kernels run as one replayed CUDA graph, which reads the
+  tensors' memory when it runs (``te_cudnn.replayed``);
 * from a :class:`BatchLengths` the caller builds once per batch and passes to every layer
   (``lengths=``): derived at the first call that needs them, reused by the later ones (and by
   te_cudnn's autograd functions from the forward to its backward);
@@ -25,16 +27,17 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 import torch
 
 from .config import AttnConfig, _check_cu_seqlens
-from .launch import capture_id, current_raw_stream, is_capturing, kept
+from .launch import capture_id, current_raw_stream, data_ptr, is_capturing, kept
 from .ragged import every_key_lens
 from .plans.padded_rows import fills_grads, fills_out
+from .replayed import replayed
 from .row_fill import Lengths, length_remap
 
 if TYPE_CHECKING:
     from .prepared import _Prepared
 
 __all__ = ["BatchLengths", "buffers_for", "reuse_lengths", "check_runtime_tensors", "cached_runtime_buffers",
-           "runtime_buffers", "runtime_kind", "length_fields", "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip
+           "runtime_buffers", "derived_runtime_buffers", "runtime_kind", "length_fields", "mult_fields", "clear", "RUNTIME_CACHE_SIZE"]  # fmt: skip
 
 _INT32 = torch.int32
 
@@ -186,7 +189,31 @@ def buffers_for(prep: _Prepared, cu_seqlens: Sequence[Optional[torch.Tensor]],
         return lengths.buffers(prep)
     if _reuse_by_version[0]:
         return cached_runtime_buffers(prep, *cu_seqlens)
-    return runtime_buffers(prep, *cu_seqlens)
+    return derived_runtime_buffers(prep, *cu_seqlens)
+
+
+def _part(t: Optional[torch.Tensor], q: torch.Tensor) -> Any:
+    """What a replayed derivation's key holds of one more cu_seqlens* tensor."""
+    if t is None or t is q:
+        return t is q
+    return data_ptr(t), t.shape[0], t.stride(0)
+
+
+def derived_runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
+    """:func:`runtime_buffers` of this call's values: replayed from a CUDA graph keyed by the
+    tensors' addresses, lengths and strides (``te_cudnn.replayed``) outside captures on a GPU,
+    else by launching the kernels."""
+    index = prep.index
+    stream = current_raw_stream(index) if index >= 0 else 0
+    if index < 0 or (stream and is_capturing()):
+        return runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded)
+    if cu_kv is cu_q and cu_q_padded is None and cu_kv_padded is None:  # self-attention, no padding
+        key: tuple = (id(prep), stream, data_ptr(cu_q), cu_q.shape[0], cu_q.stride(0))
+    else:
+        key = (id(prep), stream, data_ptr(cu_q), cu_q.shape[0], cu_q.stride(0), _part(cu_kv, cu_q),
+               _part(cu_q_padded, cu_q), _part(cu_kv_padded, cu_q_padded))  # fmt: skip
+    return replayed(key, index, stream,
+                    lambda reads: runtime_buffers(prep, cu_q, cu_kv, cu_q_padded, cu_kv_padded, reads), prep)
 
 
 def clear() -> None:
@@ -240,10 +267,10 @@ _extend_index: dict[tuple, torch.Tensor] = {}
 _EXTEND_INDEX_LIMIT = 256
 
 
-def _extended(cu: torch.Tensor, batch: int) -> torch.Tensor:
+def _extended(cu: torch.Tensor, batch: int, reads: Optional[list] = None) -> torch.Tensor:
     """``cu`` ([n] = [b + 1], any stride) as ``[batch + 1, 1, 1, 1]``, continued with its last
     value (``te_cudnn.ragged.extend``): a view when it has ``batch + 1`` entries, else one
-    gather kernel."""
+    gather kernel (its cached index is appended to ``reads``)."""
     n = cu.shape[0]
     if n == batch + 1:
         return cu.view(n, 1, 1, 1)
@@ -260,6 +287,8 @@ def _extended(cu: torch.Tensor, batch: int) -> torch.Tensor:
             if len(_extend_index) >= _EXTEND_INDEX_LIMIT:
                 _extend_index.clear()
             _extend_index[key] = idx
+    if reads is not None:
+        reads.append(idx)
     return torch.take(cu, idx)
 
 
@@ -269,15 +298,17 @@ def _offsets(ext: torch.Tensor, mult: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (ext * mult.view(-1, 1, 1, 1, 1)).unbind(0)
 
 
-def runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> list[torch.Tensor]:
+def runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded,
+                    reads: Optional[list] = None) -> list[torch.Tensor]:  # fmt: skip
     """Per-call sequence lengths and ragged offsets, in ``runtime_uids`` order: a few tiny
     kernels on the caller's stream, no host sync (the values are those of ``te_cudnn.ragged``'s
     functions, computed with as few torch calls as possible: each costs host time). Self-attention
-    (the same cu_seqlens tensors for q and kv) computes them once."""
+    (the same cu_seqlens tensors for q and kv) computes them once. Device tensors read besides
+    the cu_seqlens and ``prep``'s are appended to ``reads`` (for a replayed graph to hold)."""
     cfg, out = prep.cfg, []
     batch = cfg.b
-    ext_q = _extended(cu_q, batch)
-    ext_kv = ext_q if cu_kv is cu_q else _extended(cu_kv, batch)
+    ext_q = _extended(cu_q, batch, reads)
+    ext_kv = ext_q if cu_kv is cu_q else _extended(cu_kv, batch, reads)
     if cfg.mask.is_padding:  # te_cudnn.row_fill: the lengths as given, or remapped so cuDNN writes every row
         lens_q = torch.diff(ext_q, dim=0)
         lens_kv = lens_q if ext_kv is ext_q else torch.diff(ext_kv, dim=0)
@@ -287,14 +318,14 @@ def runtime_buffers(prep: _Prepared, cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> 
             out += every_key_lens(lens_q, lens_kv)
         else:
             out += (lens_q, lens_kv)
-    base_q = ext_q if cu_q_padded is None else _extended(cu_q_padded, batch)
+    base_q = ext_q if cu_q_padded is None else _extended(cu_q_padded, batch, reads)
     same_tokens = cu_kv_padded is cu_q_padded and ext_kv is ext_q
     if cfg.ragged_q and cfg.ragged_kv and same_tokens:  # one multiply for all five offset rows
         return out + list(_offsets(base_q, prep.mult_all))
     if cfg.ragged_q:
         out += _offsets(base_q, prep.mult_q)
     if cfg.ragged_kv:
-        out += _offsets(ext_kv if cu_kv_padded is None else _extended(cu_kv_padded, batch), prep.mult_kv)
+        out += _offsets(ext_kv if cu_kv_padded is None else _extended(cu_kv_padded, batch, reads), prep.mult_kv)
     return out
 
 

@@ -383,7 +383,8 @@ def test_cuda_graph_of_layers_reads_new_lengths_on_replay(monkeypatch, batch_len
     step()  # builds the plans (a first call may not be captured)
     torch.cuda.synchronize()
     computed, ids = [], []
-    real_buffers, real_id = varlen.runtime_buffers, varlen.capture_id
+    real_buffers = varlen.runtime_buffers if batch_lengths else varlen.derived_runtime_buffers
+    real_id = varlen.capture_id
 
     def counting(*args):
         computed.append(ids[-1] if ids else None)
@@ -393,7 +394,8 @@ def test_cuda_graph_of_layers_reads_new_lengths_on_replay(monkeypatch, batch_len
         ids.append(real_id(index))
         return ids[-1]
 
-    monkeypatch.setattr(varlen, "runtime_buffers", counting)
+    # the derivation each call asks for: a BatchLengths' (launched) or the call's own (launched or replayed)
+    monkeypatch.setattr(varlen, "runtime_buffers" if batch_lengths else "derived_runtime_buffers", counting)
     monkeypatch.setattr(varlen, "capture_id", recording)
     step()
     per_step = len(computed)
