@@ -44,6 +44,8 @@ from .launch import FWD_NAMES as _FWD_NAMES
 from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
 from .launch import kept
+from .launch import neg_inf as _neg_inf
+from .launch import zeroed as _zeroed
 from .first_call import _prepare_fwd
 from .ops import _meta, fwd_call_args
 from .prepared import _Prepared, _dependent_caches
@@ -176,12 +178,15 @@ def fused_attn_decode(
     plan.hits += 1
     plan.last_used = next_tick()
     if out is None:
-        out = (torch.zeros_like if dec.fill else torch.empty_like)(q if dec.out_like_q else prep.out_template)
+        out = torch.empty_like(q if dec.out_like_q else prep.out_template)
+        if dec.fill:
+            _zeroed(out, prep.index)
     elif dec.fill:
         out.zero_()
     # a row of an empty cache may be left unwritten: its logsumexp is -inf where it is returned
-    stats = (torch.full_like(prep.stats_template, float("-inf")) if return_softmax_lse
-             else torch.empty_like(prep.stats_template))  # fmt: skip
+    stats = torch.empty_like(prep.stats_template)
+    if return_softmax_lse:
+        _neg_inf(stats, prep.index)
     buffers = [q, k_cache, v_cache, out, stats, dec.q_lens, cache_seqlens.view(dec.lens_shape)]
     if dec.pages_shape is not None:
         table = page_table.view(dec.pages_shape)

@@ -43,6 +43,7 @@ import torch
 from .backends import BY_ENUM, OPERANDS_BY_UID
 from .backends.base import Uid
 from .backends.operands import DeclaredOperand, alignment
+from .driver import NEG_INF_F32_BITS, capture_info, memset_d8, memset_d32
 from .errors import MisalignedError
 from .plans.handles import current_raw_stream, handle_for, release_thread_handles
 from .runtime import torch_dtype_to_cudnn
@@ -84,6 +85,23 @@ def check_aligned(names: tuple, buffers: list) -> None:
         misaligned(**dict(zip(names, buffers)))
 
 
+def zeroed(t: torch.Tensor, index: int) -> torch.Tensor:
+    """``t`` (new and dense) set to zero; on cuda:``index``, by one driver memset on the current
+    stream, a fraction of the host time of ``t.zero_()`` (its fallback, and the CPU path)."""
+    n = t.numel() * t.element_size()
+    if n and not (t.is_cuda and memset_d8(data_ptr(t), 0, n, current_raw_stream(index))):
+        t.zero_()
+    return t
+
+
+def neg_inf(t: torch.Tensor, index: int) -> torch.Tensor:
+    """``t`` (new and dense float32) filled with -inf, as :func:`zeroed`."""
+    n = t.numel()
+    if n and not (t.is_cuda and memset_d32(data_ptr(t), NEG_INF_F32_BITS, n, current_raw_stream(index))):
+        t.fill_(float("-inf"))
+    return t
+
+
 def seed_offset(rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[1, 1, 1, 1] views of rng_state[0] (seed) and rng_state[1] (offset), as the graph declares."""
     return rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 0), rng_state.as_strided((1, 1, 1, 1), (1, 1, 1, 1), 1)
@@ -106,28 +124,12 @@ if not torch.cuda.is_available():  # CPU-only builds define it as a stub that ra
 _CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 
-@functools.lru_cache(maxsize=None)
-def _capture_info():
-    """The driver's ``cuStreamGetCaptureInfo`` (its first, three-argument form, which every
-    driver since CUDA 10.1 exports under that name: stream, status, id), or None where the
-    driver library or the symbol is not there. Torch has no Python call for the capture id;
-    the driver API is used rather than the runtime's, whose signature changed in CUDA 13."""
-    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-    try:
-        fn = ctypes.CDLL(name).cuStreamGetCaptureInfo
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64)]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def capture_id(index: int) -> Optional[int]:
     """The id of the CUDA-graph capture that the current stream of device ``index`` is in
     (unique within the process: a later capture never reuses it), or None when the stream is
     not capturing or the driver cannot say. A driver call: call it only while
     :func:`is_capturing` says True (once per captured call, never on replays)."""
-    fn = _capture_info()
+    fn = capture_info()
     if fn is None:
         return None
     status, ident = ctypes.c_int(0), ctypes.c_uint64(0)

@@ -35,7 +35,9 @@ from .launch import execute as _execute
 from .launch import is_capturing as _is_capturing
 from .launch import launch as _launch
 from .launch import misaligned as _misaligned
+from .launch import neg_inf as _neg_inf
 from .launch import seed_offset as _seed_offset
+from .launch import zeroed as _zeroed
 from .varlen import BatchLengths
 from .varlen import buffers_for as _buffers_for
 from .varlen import check_runtime_tensors as _check_runtime_tensors
@@ -130,9 +132,9 @@ def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
         if prep.fill_out:
             out.zero_()
     elif cfg.ragged_q:  # sizes vary per call; padding tokens stay zero (TE zero-fills THD outputs)
-        out = torch.zeros((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device)
+        out = _zeroed(torch.empty((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device), prep.index)
     elif prep.fill_out:
-        out = torch.zeros_like(q if prep.out_like_q else prep.out_template)
+        out = _zeroed(torch.empty_like(q if prep.out_like_q else prep.out_template), prep.index)
     else:
         out = torch.empty_like(q if prep.out_like_q else prep.out_template)
     # padding masks and THD: a query row that sees no key (a sequence without keys, more queries
@@ -144,11 +146,11 @@ def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
         elif prep.varlen:
             stats.fill_(_NEG_INF)
     elif cfg.ragged_q:
-        stats = torch.full((q.shape[0], cfg.h, 1), _NEG_INF, dtype=torch.float32, device=prep.device)
+        stats = _neg_inf(torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device), prep.index)
     elif prep.varlen and not prep.softmax_aux:
-        stats = torch.full_like(prep.stats_template, _NEG_INF)
+        stats = _neg_inf(torch.empty_like(prep.stats_template), prep.index)
     elif prep.zero_stats:  # max512 causal: the engine leaves skipped tiles of S unwritten, its backward reads them
-        stats = torch.zeros_like(prep.stats_template)
+        stats = _zeroed(torch.empty_like(prep.stats_template), prep.index)
     else:
         stats = torch.empty_like(prep.stats_template)
     return out, stats

@@ -34,14 +34,13 @@ Rules that keep it right:
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 import threading
 from typing import Any, Callable
 
 import torch
 
+from .driver import new_stream
 from .launch import on_worker
 
 __all__ = ["replayed", "replay_derivations", "replaying", "clear", "entries", "REPLAY_LIMIT"]
@@ -125,7 +124,7 @@ def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: i
     never takes the caller's stream); nothing runs until the graph is replayed."""
     side = _side.get(index)
     if side is None:
-        side = _side[index] = _private_stream(index)
+        side = _side[index] = torch.cuda.ExternalStream(new_stream(index), device=torch.device("cuda", index))
     pool = _pools.get((index, stream))
     if pool is None:
         pool = _pools[(index, stream)] = torch.cuda.graph_pool_handle()
@@ -137,25 +136,3 @@ def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: i
         finally:
             graph.capture_end()
     return graph, results, reads
-
-
-
-def _private_stream(index: int) -> torch.cuda.ExternalStream:
-    """A new non-blocking CUDA stream in device ``index``'s primary context (the one torch
-    uses), made with the driver API and kept for the process."""
-    lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-    ref = ctypes.byref
-    dev, ctx, handle, popped = ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-
-    def check(status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"te_cudnn: {what} failed (CUresult {status}) on cuda:{index}")
-
-    check(lib.cuDeviceGet(ref(dev), ctypes.c_int(index)), "cuDeviceGet")
-    check(lib.cuDevicePrimaryCtxRetain(ref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-    try:
-        check(lib.cuStreamCreate(ref(handle), ctypes.c_uint(1)), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
-    finally:
-        lib.cuCtxPopCurrent_v2(ref(popped))
-    return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))

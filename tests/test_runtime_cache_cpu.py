@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from te_cudnn import ops
-from te_cudnn import varlen
+from te_cudnn import driver, launch, varlen
 from te_cudnn.backends import BY_ENUM
 from te_cudnn.config import describe_fwd
 from te_cudnn.enums import FusedAttnBackend, QKVLayout
@@ -184,8 +184,15 @@ def test_a_capture_the_driver_cannot_name_computes_every_call(capture) -> None:
 
 
 def test_capture_id_without_a_driver_is_none() -> None:
-    from te_cudnn import launch  # noqa: PLC0415
-
-    if launch._capture_info() is not None:
+    if driver.capture_info() is not None:
         pytest.skip("this machine has a CUDA driver")
     assert launch.capture_id(0) is None
+
+
+def test_fills_without_a_driver_fall_back_to_torch() -> None:
+    """CPU tensors (and machines without the driver's memsets) fill through torch."""
+    if driver._memsets() == (None, None):
+        assert not driver.memset_d8(0, 0, 16, 0) and not driver.memset_d32(0, driver.NEG_INF_F32_BITS, 4, 0)
+    assert torch.equal(launch.zeroed(torch.ones(3, 5, dtype=torch.bfloat16), 0), torch.zeros(3, 5, dtype=torch.bfloat16))
+    assert torch.equal(launch.neg_inf(torch.zeros(7), 0), torch.full((7,), float("-inf")))
+    assert launch.zeroed(torch.ones(0), 0).numel() == 0
