@@ -1,7 +1,7 @@
 """The CUDA driver-API calls te_cudnn makes through ``ctypes``: where torch has no call for
 what is needed (a capture's id, a stream no other code can be handed) or where torch's call
 costs several times the host time of the driver's (filling a new tensor: a dispatched fill
-launches a kernel; a driver memset is one call).
+launches a kernel; a driver memset is one call; launching an instantiated graph).
 
 Every function reports failure to its caller (None or False) instead of raising where the
 driver library or a symbol is missing, so callers keep a torch path for that case. The
@@ -16,7 +16,7 @@ import functools
 import sys
 from typing import Any, Callable, Optional
 
-__all__ = ["capture_info", "memset_d8", "memset_d32", "new_stream", "NEG_INF_F32_BITS"]
+__all__ = ["capture_info", "graph_launch", "memset_d8", "memset_d32", "new_stream", "NEG_INF_F32_BITS"]
 
 #: The bits of float32 -inf, for :func:`memset_d32`.
 NEG_INF_F32_BITS = 0xFF800000
@@ -66,6 +66,14 @@ def memset_d32(ptr: int, bits: int, count: int, stream: int) -> bool:
     """Set ``count`` 32-bit words at ``ptr`` (4-byte aligned) to ``bits``, as :func:`memset_d8`."""
     fn = _memsets()[1]
     return fn is not None and fn(ptr, bits, count, stream) == 0
+
+
+@functools.lru_cache(maxsize=None)
+def graph_launch() -> Optional[Callable[[int, int], int]]:
+    """``cuGraphLaunch(exec, stream) -> CUresult``, or None: an instantiated graph's launch
+    without the wrapper of ``torch.cuda.CUDAGraph.replay`` (a device guard, a driver-version
+    query and a release of the GIL), for graphs that draw no random numbers."""
+    return _entry("cuGraphLaunch", [ctypes.c_void_p, ctypes.c_void_p])
 
 
 def new_stream(index: int) -> int:

@@ -123,36 +123,39 @@ def plain_bwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return [dq, dk, dv, None, None]
 
 
-def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor],
-                 softmax_lse: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _fwd_results(prep: _Prepared, q: torch.Tensor, out: Optional[torch.Tensor], softmax_lse: Optional[torch.Tensor],
+                 keyless_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """O and the softmax stats of a forward that is not plain: the caller's (zeroed where cuDNN
-    may leave rows unwritten), or new ones in the layout's format."""
+    may leave rows unwritten), or new ones in the layout's format. ``keyless_rows``: whether a
+    query row inside a sequence may see no key (see :func:`general_fwd`); cuDNN leaves such rows
+    unwritten, and their logsumexp is -inf."""
     cfg = prep.cfg
     if out is not None:  # caller-provided results (checked when the signature was first seen)
         if prep.fill_out:
             out.zero_()
     elif cfg.ragged_q:  # sizes vary per call; padding tokens stay zero (TE zero-fills THD outputs)
-        out = _zeroed(torch.empty((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device), prep.index)
+        out = _zeroed(_empty_like(q) if prep.out_like_q else
+                      torch.empty((*q.shape[:-1], cfg.d_v), dtype=q.dtype, device=prep.device), prep.index)
     elif prep.fill_out:
-        out = _zeroed(torch.empty_like(q if prep.out_like_q else prep.out_template), prep.index)
+        out = _zeroed(_empty_like(q if prep.out_like_q else prep.out_template), prep.index)
     else:
-        out = torch.empty_like(q if prep.out_like_q else prep.out_template)
-    # padding masks and THD: a query row that sees no key (a sequence without keys, more queries
-    # than keys under a bottom-right mask) may be left unwritten by cuDNN; its logsumexp is -inf
+        out = _empty_like(q if prep.out_like_q else prep.out_template)
     if softmax_lse is not None:
         stats = softmax_lse
         if prep.zero_stats:
             stats.zero_()
-        elif prep.varlen:
+        elif prep.varlen and (keyless_rows or not cfg.ragged_q):
             stats.fill_(_NEG_INF)
-    elif cfg.ragged_q:
-        stats = _neg_inf(torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device), prep.index)
+    elif cfg.ragged_q:  # token-major [t, h, 1]; rows of padding tokens are undefined (as TE's)
+        stats = torch.empty((q.shape[0], cfg.h, 1), dtype=torch.float32, device=prep.device)
+        if keyless_rows:
+            _neg_inf(stats, prep.index)
     elif prep.varlen and not prep.softmax_aux:
-        stats = _neg_inf(torch.empty_like(prep.stats_template), prep.index)
+        stats = _neg_inf(_empty_like(prep.stats_template), prep.index)
     elif prep.zero_stats:  # max512 causal: the engine leaves skipped tiles of S unwritten, its backward reads them
-        stats = _zeroed(torch.empty_like(prep.stats_template), prep.index)
+        stats = _zeroed(_empty_like(prep.stats_template), prep.index)
     else:
-        stats = torch.empty_like(prep.stats_template)
+        stats = _empty_like(prep.stats_template)
     return out, stats
 
 
@@ -175,7 +178,10 @@ def general_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             | (0 if softmax_lse is None else softmax_lse.data_ptr())) & 15:
         _misaligned(q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
     plan = prep.get_plan()
-    out, stats = _fwd_results(prep, q, out, softmax_lse)
+    # Self-attention lengths (one cu_seqlens tensor for q and kv): every query row inside a
+    # sequence sees at least its own key under every mask and window te_cudnn accepts, so cuDNN
+    # writes every such row's stats and only rows outside the sequences stay unwritten.
+    out, stats = _fwd_results(prep, q, out, softmax_lse, cu_seqlens[1] is not cu_seqlens[0])
     buffers = [q, k, v, out, stats]
     if rng_state is None or not prep.rng_increment:
         rng_state = _rng_state(prep, rng_gen)

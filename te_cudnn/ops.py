@@ -100,7 +100,27 @@ def _sink_sig(t: torch.Tensor) -> tuple:
 def _thd_sizes(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
     """Signature sizes of a call with THD tensors: only the buckets a plan sees (token counts,
     batch and max sequence lengths vary per batch and are runtime data), plus the equalities
-    the first validation relied on."""
+    the first validation relied on. Memoised on the shapes and maxima they are computed from
+    (maxima that are ints: the memo holds nothing else)."""
+    if max_seqlen_q.__class__ is not int or max_seqlen_kv.__class__ is not int:
+        return _thd_buckets(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv)
+    key = (qs, ks, vs, max_seqlen_q, max_seqlen_kv, None if cu_q is None else cu_q.shape,
+           None if cu_kv is None else cu_kv.shape)  # fmt: skip
+    sizes = _thd_memo.get(key)
+    if sizes is None:
+        if len(_thd_memo) >= _THD_MEMO_SIZE:
+            _thd_memo.clear()
+        sizes = _thd_memo[key] = _thd_buckets(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv)
+    return sizes
+
+
+#: shapes and maxima -> _thd_buckets' tuple; tuples of ints only, at most this many (a few
+#: hundred bytes each), cleared when full
+_THD_MEMO_SIZE = 1024
+_thd_memo: dict[tuple, tuple] = {}
+
+
+def _thd_buckets(qs, ks, vs, max_seqlen_q, max_seqlen_kv, cu_q, cu_kv) -> tuple:
     return (
         bucket_tokens(qs[0]) if len(qs) == 3 else qs, qs[1:], bucket_tokens(ks[0]) if len(ks) == 3 else ks, ks[1:],
         vs[1:], ks[0] == vs[0], bucket_q_seqlen(max_seqlen_q) if len(qs) == 3 else max_seqlen_q,

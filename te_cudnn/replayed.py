@@ -6,7 +6,9 @@ from Python cost more host time than the rest of a cached call. A CUDA graph of 
 reads the ``cu_seqlens*`` *memory* when it is replayed, so a replay derives from the values
 the caller's tensors hold at that point of the stream, however they were written (a torch
 operation, ``.data``, DLPack, a custom kernel, NCCL, another graph's replay): the same answer
-as launching the kernels, for the host time of one graph launch.
+as launching the kernels, for the host time of one graph launch (the driver's
+``cuGraphLaunch`` on the caller's stream where torch exposes the instantiated graph, else
+``CUDAGraph.replay``).
 
 Rules that keep it right:
 
@@ -40,8 +42,8 @@ from typing import Any, Callable
 
 import torch
 
-from .driver import new_stream
-from .launch import on_worker
+from .driver import graph_launch, new_stream
+from .launch import current_device, on_worker
 
 __all__ = ["replayed", "replay_derivations", "replaying", "clear", "entries", "REPLAY_LIMIT"]
 
@@ -50,7 +52,7 @@ __all__ = ["replayed", "replay_derivations", "replaying", "clear", "entries", "R
 REPLAY_LIMIT = 64
 
 _on = [os.environ.get("TE_CUDNN_REPLAY_DERIVATIONS", "1") != "0"]
-_graphs: dict[tuple, tuple] = {}  # key -> (graph, results, what the graph reads)
+_graphs: dict[tuple, tuple] = {}  # key -> (graph, results, what the graph reads, exec handle, cuGraphLaunch)
 _seen: dict[tuple, None] = {}  # keys derived once by launching the kernels
 _pools: dict[tuple, Any] = {}  # (device index, stream) -> memory pool of that stream's graphs
 _side: dict[int, torch.cuda.Stream] = {}  # device index -> the stream captures run on
@@ -99,7 +101,9 @@ def replayed(key: tuple, index: int, stream: int, derive: Callable[[list], list[
     besides the key's inputs and ``keep`` (which the entry holds). Outside any capture only."""
     entry = _graphs.get(key)  # empty while replays are off
     if entry is not None:
-        _replay(entry[0])
+        launch = entry[4]  # the driver's launch on the caller's stream; torch's replay where it is missing or fails
+        if launch is None or index != current_device() or launch(entry[3], stream):
+            _replay(entry[0])
         return entry[1]
     if not _on[0]:
         return derive([])
@@ -114,9 +118,18 @@ def replayed(key: tuple, index: int, stream: int, derive: Callable[[list], list[
             if len(_graphs) >= REPLAY_LIMIT:
                 _drop()
             graph, results, reads = on_worker(lambda: _capture(derive, index, stream), index)
-            entry = _graphs[key] = (graph, results, (keep, reads))
+            handle = _exec_handle(graph)
+            entry = _graphs[key] = (graph, results, (keep, reads), handle, graph_launch() if handle else None)
     _replay(entry[0])
     return entry[1]
+
+
+def _exec_handle(graph: Any) -> int:
+    """The instantiated graph's ``cudaGraphExec_t`` as an int (0 where torch does not expose it)."""
+    try:
+        return int(graph.raw_cuda_graph_exec())
+    except (AttributeError, RuntimeError, TypeError):
+        return 0
 
 
 def _capture(derive: Callable[[list], list[torch.Tensor]], index: int, stream: int) -> tuple:

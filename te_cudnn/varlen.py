@@ -51,8 +51,12 @@ def check_runtime_tensors(prep: _Prepared, q: torch.Tensor, cu_seqlens: Sequence
     if n is None and cu_seqlens[0] is not None:  # THD: every cu_seqlens* has cu_seqlens_q's length
         n = cu_seqlens[0].shape[0]
     names = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+    checked = None  # the tensor checked last: one tensor passed twice (cu_seqlens_kv is cu_seqlens_q) is checked once
     for name, t in zip(names, cu_seqlens):
-        if t is not None and (t.dtype is not _INT32 or t.device != device or t.dim() != 1 or t.shape[0] != n):
+        if t is None or t is checked:
+            continue
+        checked = t
+        if t.dtype is not _INT32 or t.device != device or t.dim() != 1 or t.shape[0] != n:
             _check_cu_seqlens(name, t, n - 1, q, True)
             raise ValueError(f"{name} must be int32 [b+1] = [{n}] on {device} like cu_seqlens_q, got "
                              f"{t.dtype} {list(t.shape)} on {t.device}")  # fmt: skip

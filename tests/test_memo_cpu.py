@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import pytest
 import torch
 
 from te_cudnn import decode, ops
@@ -63,3 +64,23 @@ def test_the_library_memos_are_bounded() -> None:
     for memo in (ops._fwd_memo, ops._bwd_memo, decode._memo):
         assert isinstance(memo, SigMemo)
         assert memo.max_bytes <= MAX_DEVICE_BYTES and memo.max_entries <= MAX_ENTRIES
+
+
+def test_thd_signature_sizes_are_memoised_on_ints_only() -> None:
+    """The THD signature sizes come from a bounded memo keyed on shapes and int maxima, equal
+    to computing them; maxima of other types are computed and never held."""
+    ops._thd_memo.clear()
+    cu = torch.zeros(5, dtype=torch.int32)
+    q = torch.empty(300, 8, 64)
+    args = (q.shape, q.shape, q.shape, 100, 90, cu, cu)
+    assert ops._thd_sizes(*args) == ops._thd_buckets(*args)
+    assert ops._thd_sizes(*args) is ops._thd_sizes(*args) and len(ops._thd_memo) == 1
+    other = (q.shape, q.shape, q.shape, 100, 90, cu, torch.zeros(6, dtype=torch.int32))
+    assert ops._thd_sizes(*other) != ops._thd_sizes(*args)  # cu_seqlens_kv's length is in the key
+    with pytest.raises(AttributeError):  # fused_attn_fwd's slow path then names the bad argument
+        ops._thd_sizes(q.shape, q.shape, q.shape, torch.tensor(100), 90, cu, cu)
+    assert all(x.__class__ is int for key in ops._thd_memo for x in key[3:5])
+    for i in range(ops._THD_MEMO_SIZE + 5):
+        ops._thd_sizes(q.shape, q.shape, q.shape, i + 1, 90, cu, cu)
+    assert len(ops._thd_memo) <= ops._THD_MEMO_SIZE
+    ops._thd_memo.clear()

@@ -87,6 +87,29 @@ def test_third_call_replays_and_every_write_is_seen():
     assert not torch.equal(got, before)
 
 
+def test_replays_launch_through_the_driver_and_torch_alike():
+    """Replays go through ``cuGraphLaunch`` where torch exposes the instantiated graph, and
+    through torch's ``CUDAGraph.replay`` otherwise: the same answers after the same writes."""
+    lens = [30, 34, 36]
+    q, k, v = _qkv(sum(lens), seed=3)
+    cu = _cu(lens)
+    for _ in range(3):
+        _fwd(q, k, v, cu)
+    (key, entry), = replayed._graphs.items()
+    if hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        assert entry[3] and entry[4] is not None
+    by_driver = []
+    for value in (5, 50):
+        cu.data[1] = value
+        by_driver.append(_fwd(q, k, v, cu)[0])
+    replayed._graphs[key] = (*entry[:4], None)  # torch's replay
+    for value, want in zip((5, 50), by_driver):
+        cu.data[1] = value
+        got = _fwd(q, k, v, cu)[0]
+        assert torch.equal(got, want) and torch.equal(got, _by_batch_lengths(q, k, v, cu))
+    assert replayed.entries() == 1
+
+
 def test_same_address_other_stride_is_another_graph():
     """A strided view at the address of a contiguous tensor of the same length is keyed apart."""
     buf = torch.tensor([0, 20, 50, 100, 70, 0, 100, 0], dtype=torch.int32, device="cuda")

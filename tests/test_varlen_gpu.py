@@ -431,3 +431,42 @@ def test_cuda_graph_of_layers_reads_new_lengths_on_replay(monkeypatch, batch_len
     if batch_lengths:
         assert ids[-1] not in (None, ids[0]), f"second capture: ids {ids}"
     assert launch.capture_id(torch.cuda.current_device()) is None  # not capturing
+
+
+def _nan_cache(numel: int) -> None:
+    """Leave a NaN-filled block of ``numel`` floats in torch's cache: the next allocation of
+    that size most likely reuses it, so a row left unwritten shows as NaN."""
+    junk = torch.full((numel,), float("nan"), device="cuda")
+    del junk
+
+
+@pytest.mark.parametrize("mask", PADDING_MASKS)
+def test_stats_of_self_attention_rows_are_written_by_cudnn(mask):
+    """One cu_seqlens tensor for q and kv: every query row inside a sequence sees its own key,
+    so te_cudnn leaves the stats to cuDNN (no -inf fill); each such row holds its logsumexp.
+    Another kv tensor (other lengths): rows that see no key are -inf."""
+    lens, h, d, spare = [37, 0, 64, 5], 2, 64, 6
+    cu = _cu(lens)
+    t = sum(lens) + spare  # padding tokens past the last sequence
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(t, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    _nan_cache(t * h)
+    _, aux = tc.fused_attn_fwd(True, 64, 64, cu, cu, q, k, v, q.dtype, None, qkv_layout="thd_thd_thd",
+                               attn_mask_type=mask)  # fmt: skip
+    stats, scale = aux[0], d**-0.5
+    for start, n in zip(cu.tolist(), lens):
+        if n == 0:
+            continue
+        s = torch.einsum("qhd,khd->hqk", q[start:start + n].float(), k[start:start + n].float()) * scale
+        if mask != "padding":
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        want = torch.logsumexp(s, dim=-1).transpose(0, 1).unsqueeze(-1)  # [n, h, 1]
+        got = stats[start:start + n]
+        assert torch.isfinite(got).all(), f"{mask}: a row inside a sequence was left unwritten"
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=0)
+    cu_kv = _cu([37, 0, 0, 5])  # the third sequence's 64 queries see no key
+    _nan_cache(t * h)
+    _, aux = tc.fused_attn_fwd(True, 64, 64, cu, cu_kv, q, k, v, q.dtype, None, qkv_layout="thd_thd_thd",
+                               attn_mask_type="padding")  # fmt: skip
+    start = cu.tolist()[2]
+    assert bool((aux[0][start:start + 64] == float("-inf")).all())
