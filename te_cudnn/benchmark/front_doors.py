@@ -174,7 +174,7 @@ def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 5) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 7) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
     both models are built first and every measure alternates between them."""
     transformers = _transformers()
@@ -218,7 +218,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 5) -> dict[st
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
     ids = torch.randint(0, 32000, (1, 4096), device="cuda")
     with torch.no_grad():
-        record("prefill b=1 s=4096 ms", {i: (lambda m=m: m(ids)) for i, m in models.items()}, 21,
+        record("prefill b=1 s=4096 ms", {i: (lambda m=m: m(ids)) for i, m in models.items()}, 41,
                lambda sec: sec * 1e3)
     ids = torch.randint(0, 32000, (2, 2048), device="cuda")
 
@@ -228,7 +228,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 5) -> dict[st
 
     for model in models.values():
         model.train()
-    record("training step b=2 s=2048 ms", {i: (lambda m=m: step(m)) for i, m in models.items()}, 11,
+    record("training step b=2 s=2048 ms", {i: (lambda m=m: step(m)) for i, m in models.items()}, 21,
            lambda sec: sec * 1e3)
     models = None
     torch.cuda.empty_cache()
