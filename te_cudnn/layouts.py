@@ -162,9 +162,10 @@ def layout_strides(
     return {"q": q, "k": k, "v": v, "o": o}
 
 
-def _empty(shape: Sequence[int], like: torch.Tensor, dtype: torch.dtype | None = None, zero: bool = False) -> torch.Tensor:
+def _empty(shape: Sequence[int], like: torch.Tensor, dtype: torch.dtype | None = None, zero: bool = False,
+           device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
     make = torch.zeros if zero else torch.empty
-    return make(tuple(shape), dtype=dtype or like.dtype, device=like.device)
+    return make(tuple(shape), dtype=dtype or like.dtype, device=device or like.device)
 
 
 def alloc_output(q: torch.Tensor, d_v: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -184,14 +185,16 @@ def packed_qkv_views(buffer: torch.Tensor, group: QKVLayoutGroup) -> tuple[torch
 
 def alloc_qkv_grads(
     layout: QKVLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zero: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in the layout's own format: views of one packed buffer where it packs; separate
     4-d tensors get gradients in their own strides when dense (contiguous otherwise).
     ``zero=True`` zero-fills them (variable-length batches leave padding positions zero);
-    ``dtype`` overrides the inputs' dtype (FP8 gradients in E5M2)."""
+    ``dtype`` overrides the inputs' dtype (FP8 gradients in E5M2); ``device="meta"`` gives
+    their geometry without memory (from the real tensors: torch computes it in C++, where
+    meta inputs would go through its Python reference implementations)."""
     g = _INFOS[layout].group
-    kw = {"zero": zero, "dtype": dtype}
+    kw = {"zero": zero, "dtype": dtype, "device": device}
     if g == QKVLayoutGroup.L_3HD:
         buf = _empty((*q.shape[:-2], 3, *q.shape[-2:]), q, **kw)
         return packed_qkv_views(buf, g)  # type: ignore[return-value]
@@ -208,14 +211,15 @@ def alloc_qkv_grads(
     return dq, dk, dv
 
 
-def grad_like(t: torch.Tensor, zero: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+def grad_like(t: torch.Tensor, zero: bool = False, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
     """The gradient of a separate 4-d tensor in its own strides when it is dense (``empty_like``'s
     rule, as torch's SDPA backends do): autograd then accumulates it into ``.grad`` with a
     vectorised add instead of a strided copy. THD tensors (3-d) keep the packed token-major
     strides their ragged offsets assume."""
     if t.dim() != 4:
-        return _empty(t.shape, t, dtype, zero)
-    return (torch.zeros_like if zero else torch.empty_like)(t, dtype=dtype or t.dtype)
+        return _empty(t.shape, t, dtype, zero, device)
+    return (torch.zeros_like if zero else torch.empty_like)(t, dtype=dtype or t.dtype, device=device or t.device)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -17,9 +17,9 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-from .launch import is_capturing, kept
+from .launch import is_capturing
 from .memo import TEMPLATE_BYTES, SigMemo
-from .prepared import _dependent_caches
+from .prepared import _dependent_caches, shared_template
 from .launchers import plain_fwd
 from .policy import token as policy_token
 
@@ -101,7 +101,8 @@ class LeanDoor:
         if not prep.plain or prep.rng_increment or is_capturing():
             return
         if math.prod(out.shape) * out.element_size() <= TEMPLATE_BYTES:  # a small real tensor: empty_like is cheapest
-            template: Any = kept(lambda: _empty_like(out.detach()), out.device)
+            like = _empty_like(out, device="meta")  # empty_like's geometry, without memory
+            template: Any = shared_template(tuple(like.shape), tuple(like.stride()), out.dtype, out.device)
         else:
             template = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device)
         self.memo.remember(sig, LeanTraining(prep, template, *training) if training else (prep, template))

@@ -121,8 +121,32 @@ _DENSE_TEMPLATE_BYTES = TEMPLATE_BYTES
 def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor that ``torch.empty_like`` turns into a new contiguous tensor of ``shape``: a
     contiguous one when small (never read: only its shape, strides, dtype and device matter),
-    else a 1-element tensor expanded to ``shape`` (non-dense inputs get contiguous results)."""
+    else a 1-element tensor expanded to ``shape`` (non-dense inputs get contiguous results).
+    Shared by every prepared call that asks for the same one (see :func:`shared_template`)."""
     if math.prod(shape) * dtype.itemsize <= _DENSE_TEMPLATE_BYTES:
-        return _kept(lambda: torch.empty(tuple(shape), dtype=dtype, device=device), device)
-    return _kept(lambda: torch.empty(1, dtype=dtype, device=device), device).expand(*shape)
+        return shared_template(tuple(shape), None, dtype, device)
+    return shared_template((1,), None, dtype, device).expand(*shape)
+
+
+#: (shape, strides, dtype, device) -> a template; never written, so calls of one shape (a
+#: dynamic KV cache's decode steps: one signature per key length) share one tensor instead of
+#: each making its own on te_cudnn's worker thread. At most this many, each at most
+#: TEMPLATE_BYTES; cleared when full (the prepared calls keep the ones they use).
+_TEMPLATES_LIMIT = 256
+_templates: dict[tuple, torch.Tensor] = {}
+
+
+def shared_template(shape: tuple[int, ...], stride: Optional[tuple[int, ...]], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:  # fmt: skip
+    """A kept tensor of ``shape`` (contiguous, or with ``stride``), made once per geometry."""
+    key = (shape, stride, dtype, device)
+    t = _templates.get(key)
+    if t is None:
+        if len(_templates) >= _TEMPLATES_LIMIT:
+            _templates.clear()
+        make = ((lambda: torch.empty(shape, dtype=dtype, device=device)) if stride is None
+                else (lambda: torch.empty_strided(shape, stride, dtype=dtype, device=device)))  # fmt: skip
+        t = _templates[key] = _kept(make, device)
+    return t
+
 

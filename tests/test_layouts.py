@@ -353,3 +353,21 @@ def test_get_qkv_layout_identifies_thd_layouts(name: str) -> None:
     q, k, v = make_qkv(QKVLayout[name], 3, 8, 2 if gqa else 8, 16, 24 if gqa else 16, 64, device="cpu")
     assert q.dim() == 3 and q.shape[0] == 3 * 16 and k.shape[0] == 3 * (24 if gqa else 16)
     assert get_qkv_layout(q, k, v, "thd") == name
+
+
+@pytest.mark.parametrize(("name", "sizes", "q_st", "k_st", "v_st", "o_st"), list(_view_cases()))
+@pytest.mark.parametrize("view", ["as_given", "permuted", "strided"])
+def test_meta_grads_have_the_geometry_of_real_ones(name, sizes, q_st, k_st, v_st, o_st, view) -> None:
+    """``alloc_qkv_grads(..., device="meta")`` (the first call's geometry check) gives the
+    shapes and strides real gradients get, also for permuted and non-dense inputs."""
+    layout = QKVLayout[name]
+    q, k, v = _views(name, **sizes)
+    if view == "permuted" and q.dim() == 4:
+        q, k, v = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
+    elif view == "strided" and q.dim() == 4:
+        q, k, v = (torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., ::2] for t in (q, k, v))
+    real = alloc_qkv_grads(layout, q, k, v)
+    meta = alloc_qkv_grads(layout, q, k, v, device="meta")
+    via_meta_inputs = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))
+    for r, m, w in zip(real, meta, via_meta_inputs):
+        assert m.is_meta and (m.shape, m.stride()) == (r.shape, r.stride()) == (w.shape, w.stride())

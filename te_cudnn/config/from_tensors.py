@@ -313,7 +313,7 @@ def _check_strides_and_packing(layout: QKVLayout, q: torch.Tensor, k: torch.Tens
                 f"qkv_layout={layout.name!r} but q, k, v are laid out as {actual!r}; pass views of one packed "
                 "buffer or name the layout they have"
             )
-    grads = alloc_qkv_grads(layout, *(t.to("meta") for t in (q, k, v)))  # paged: no backward, unused
+    grads = alloc_qkv_grads(layout, q, k, v, device="meta")  # paged: no backward, unused
     if z.ragged_q or z.ragged_kv:
         for name, t, g in zip("qkv", (q, k, v), grads):
             if t.dim() == 3 and t.numel() and t.stride() != g.stride():
