@@ -12,7 +12,6 @@ CaptureMissError instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -27,7 +26,7 @@ from .memo import SigMemo
 from .plans import make_key
 from .plans.cache import log_plan_outcome as _log_plan_outcome
 from .prepared import _Prepared, _bwd_memo, _fwd_memo, _remember, _template
-from .rng import _rng_state
+from .rng import zero_rng_state
 from .runtime import RuntimeEnv, current_env, frontend_version
 from .served import as_padding_mask, full_lengths, head_pad
 from .launch import checking_operands as _checking_operands
@@ -177,7 +176,7 @@ def _prepare_fwd(sig: tuple, a: Any) -> _Prepared:
         softmax_aux=backend.caps.saves_softmax,
         **_mult_fields(cfg, a.q.device),
     )
-    prep.zero_rng = _rng_state(replace(prep, rng_increment=0), None)
+    prep.zero_rng = zero_rng_state(prep.device)
     prep.empty = cfg.empty
     prep.cu_len = None if cfg.ragged_q and cfg.ragged_kv else cfg.b + 1
     _length_fields(prep)  # fill_out: True until the plan's engine is known

@@ -131,7 +131,9 @@ def _template(shape: Sequence[int], dtype: torch.dtype, device: torch.device) ->
 #: (shape, strides, dtype, device) -> a template; never written, so calls of one shape (a
 #: dynamic KV cache's decode steps: one signature per key length) share one tensor instead of
 #: each making its own on te_cudnn's worker thread. At most this many, each at most
-#: TEMPLATE_BYTES; cleared when full (the prepared calls keep the ones they use).
+#: TEMPLATE_BYTES (4 MiB in all); cleared when full (the prepared calls keep the ones they
+#: use). The memos count a shared template in every entry holding it: their byte bound
+#: (te_cudnn.memo) stays an upper bound.
 _TEMPLATES_LIMIT = 256
 _templates: dict[tuple, torch.Tensor] = {}
 

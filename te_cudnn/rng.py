@@ -22,14 +22,19 @@ _zero_rng: dict[int, torch.Tensor] = {}
 _rng_lock = threading.Lock()
 
 
+def zero_rng_state(device: torch.device) -> torch.Tensor:
+    """The all-zero [seed, offset] that calls without dropout on ``device`` share (never written)."""
+    state = _zero_rng.get(device.index)
+    if state is None:
+        state = _zero_rng[device.index] = _kept(lambda: torch.zeros(2, dtype=torch.int64, device=device), device)
+    return state
+
+
 def _rng_state(prep: _Prepared, rng_gen: Optional[torch.Generator]) -> torch.Tensor:
     """[seed, offset] for cuDNN's Philox dropout; advances the generator like TE."""
     device = prep.device.index
-    if prep.rng_increment == 0:  # no dropout: a shared all-zero state, never written
-        state = _zero_rng.get(device)
-        if state is None:
-            state = _zero_rng[device] = _kept(lambda: torch.zeros(2, dtype=torch.int64, device=prep.device), prep.device)
-        return state
+    if prep.rng_increment == 0:  # no dropout
+        return zero_rng_state(prep.device)
     gen = rng_gen if rng_gen is not None else torch.cuda.default_generators[device]
     if _is_capturing():
         return _device_rng_state(prep.device, gen)
