@@ -84,3 +84,23 @@ def test_thd_signature_sizes_are_memoised_on_ints_only() -> None:
         ops._thd_sizes(q.shape, q.shape, q.shape, i + 1, 90, cu, cu)
     assert len(ops._thd_memo) <= ops._THD_MEMO_SIZE
     ops._thd_memo.clear()
+
+
+def test_result_templates_are_shared_by_geometry_and_bounded() -> None:
+    """Prepared calls of one result geometry (a dynamic KV cache's decode steps) share one
+    template; large results share one expanded element; the template memo is bounded."""
+    from te_cudnn import prepared
+
+    prepared._templates.clear()
+    bf16, cpu = torch.bfloat16, torch.device("cpu")
+    small = prepared._template((1, 1, 32, 64), bf16, cpu)
+    assert small is prepared._template((1, 1, 32, 64), bf16, cpu) and small.is_contiguous()
+    big = prepared._template((4, 2048, 32, 64), bf16, cpu)
+    assert big.shape == (4, 2048, 32, 64) and big.untyped_storage().nbytes() == 2
+    assert torch.empty_like(big).is_contiguous()
+    strided = prepared.shared_template((2, 3, 4), (12, 1, 3), bf16, cpu)
+    assert strided.stride() == (12, 1, 3)
+    for i in range(prepared._TEMPLATES_LIMIT + 3):
+        prepared.shared_template((i + 1,), None, bf16, cpu)
+    assert len(prepared._templates) <= prepared._TEMPLATES_LIMIT
+    prepared._templates.clear()
