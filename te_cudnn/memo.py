@@ -10,6 +10,7 @@ model stay). An evicted call is prepared again, and validated again, the next ti
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
@@ -48,15 +49,22 @@ def held_bytes(obj: Any, _seen: Optional[set] = None) -> int:
         return sum(held_bytes(x, seen) for x in obj if isinstance(x, (torch.Tensor, list, tuple)))
     if is_dataclass(obj) and not isinstance(obj, type):
         total = 0
-        for f in fields(obj):
-            value = getattr(obj, f.name, None)
+        for name in _field_names(type(obj)):
+            value = getattr(obj, name, None)
             if isinstance(value, (torch.Tensor, list, tuple)):
                 total += held_bytes(value, seen)
             elif is_dataclass(value) and not isinstance(value, type):
-                total += sum(held_bytes(getattr(value, g.name, None), seen) for g in fields(value)
-                             if isinstance(getattr(value, g.name, None), (torch.Tensor, list, tuple)))  # fmt: skip
+                for inner in _field_names(type(value)):
+                    got = getattr(value, inner, None)
+                    if isinstance(got, (torch.Tensor, list, tuple)):
+                        total += held_bytes(got, seen)
         return total
     return 0
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 class SigMemo(OrderedDict):
