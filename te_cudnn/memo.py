@@ -40,31 +40,39 @@ def _tensor_bytes(t: torch.Tensor, seen: set) -> int:
 
 
 def held_bytes(obj: Any, _seen: Optional[set] = None) -> int:
-    """Bytes of storage held by the tensors of ``obj``: a tensor, a list or tuple of them, or a
-    dataclass whose fields are (each storage counted once; objects nested one level deep)."""
+    """Bytes of storage held by the tensors of ``obj``: a tensor, a list or tuple of them, or an
+    object whose fields are (each storage counted once; objects nested one level deep).
+
+    An object's fields are those its class names in ``held_fields`` (the fields that may hold
+    tensors: a prepared call's templates and constants, not its configuration), else a
+    dataclass's fields."""
     seen = set() if _seen is None else _seen
     if isinstance(obj, torch.Tensor):
         return _tensor_bytes(obj, seen)
     if isinstance(obj, (list, tuple)):
         return sum(held_bytes(x, seen) for x in obj if isinstance(x, (torch.Tensor, list, tuple)))
-    if is_dataclass(obj) and not isinstance(obj, type):
-        total = 0
-        for name in _field_names(type(obj)):
-            value = getattr(obj, name, None)
-            if isinstance(value, (torch.Tensor, list, tuple)):
-                total += held_bytes(value, seen)
-            elif is_dataclass(value) and not isinstance(value, type):
-                for inner in _field_names(type(value)):
-                    got = getattr(value, inner, None)
-                    if isinstance(got, (torch.Tensor, list, tuple)):
-                        total += held_bytes(got, seen)
-        return total
-    return 0
+    total = 0
+    for name in _fields_of(type(obj)):
+        value = getattr(obj, name, None)
+        if isinstance(value, (torch.Tensor, list, tuple)):
+            total += held_bytes(value, seen)
+        elif value is not None:
+            for inner in _fields_of(type(value)):
+                got = getattr(value, inner, None)
+                if isinstance(got, (torch.Tensor, list, tuple)):
+                    total += held_bytes(got, seen)
+    return total
 
 
 @functools.lru_cache(maxsize=None)
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+def _fields_of(cls: type) -> tuple[str, ...]:
+    """The fields :func:`held_bytes` reads on instances of ``cls`` (none for other objects)."""
+    declared = getattr(cls, "held_fields", None)
+    if declared is not None:
+        return tuple(declared)
+    if is_dataclass(cls):
+        return tuple(f.name for f in fields(cls))
+    return ()
 
 
 class SigMemo(OrderedDict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
@@ -65,6 +65,12 @@ class _Prepared:
     plan: Optional[CompiledPlan] = None
     split_plan: Optional[tuple] = None  # FP8 backward run in parts: ((dim, parts), the parts' plan)
     index: int = -1  # device.index, read on every launch (set from device)
+
+    #: The fields that hold device tensors (what te_cudnn.memo.held_bytes counts).
+    held_fields: ClassVar[tuple[str, ...]] = (
+        "out_template", "stats_template", "mult_q", "mult_kv", "mult_all", "zero_rng", "zero_sink", "full_lens",
+        "one_query",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         self.index = -1 if self.device.index is None else self.device.index

@@ -27,6 +27,21 @@ def test_held_bytes_counts_each_storage_once() -> None:
     assert held_bytes(object()) == 0
 
 
+def test_prepared_calls_declare_every_tensor_field() -> None:
+    """held_bytes reads a prepared call's declared fields only (not its configuration, key or
+    plan): the declaration must name every field that can hold a tensor."""
+    from dataclasses import fields
+
+    from te_cudnn.prepared import _Prepared
+
+    holding = {f.name for f in fields(_Prepared) if "Tensor" in str(f.type) or "list" in str(f.type)}
+    assert holding == set(_Prepared.held_fields)
+    t = torch.empty(16, dtype=torch.float32)
+    prep = _Prepared(cfg=None, backend=None, key=None, out_shape=(), stats_shape=(), device=torch.device("cpu"),  # type: ignore[arg-type]
+                     rng_increment=0, out_template=t, zero_sink=torch.empty(2, dtype=torch.float32), full_lens=[t[:4]])  # fmt: skip
+    assert held_bytes(prep) == 64 + 8
+
+
 def test_lru_eviction_by_entries_keeps_the_hot_signatures() -> None:
     memo = SigMemo(max_entries=3, max_bytes=1 << 20)
     for i in range(3):
