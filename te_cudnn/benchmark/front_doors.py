@@ -106,7 +106,7 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
         return host_medians(fns, rounds, calls)
 
 
-def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 21, seed: int = 0) -> list[dict[str, Any]]:
+def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 31, seed: int = 0) -> list[dict[str, Any]]:
     """fwd+bwd milliseconds per step of the drop-in and of torch's cuDNN SDPA in interleaved
     rounds (a seeded random order per round; each sample after ``3`` untimed steps), with the
     paired ratio (the median of the per-round ratios and its 95 % interval,
@@ -174,7 +174,7 @@ def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 7) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
     both models are built first and every measure alternates between them."""
     transformers = _transformers()
