@@ -359,8 +359,8 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
     """The one dispatch point of the differentiable F16 attention (``fused_attention``, the
     module, the SDPA drop-in): the custom ops while compiling or capturing a CUDA graph; in
     eager mode :class:`FusedAttnFunc` over the plans when autograd records the call, else
-    ``fused_attn_fwd`` itself (no autograd node to build; ``_prepared`` receives its prepared
-    call, see te_cudnn.lean)."""
+    ``fused_attn_fwd`` itself (no autograd node to build, no softmax stats to write;
+    ``_prepared`` receives its prepared call, see te_cudnn.lean)."""
     custom_ops = use_custom_ops()
     if not custom_ops and not wants_grad(q, k, v, attn_bias, softmax_offset):
         o = opts
@@ -370,7 +370,7 @@ def attend(q, k, v, attn_bias, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_se
             qkv_layout=o.qkv_layout, attn_bias_type=o.attn_bias_type, attn_mask_type=o.attn_mask_type,
             softmax_type=o.softmax_type, window_size=o.window_size, bottom_right_diagonal=o.bottom_right_diagonal,
             rng_gen=rng_gen, softmax_offset=softmax_offset, lengths=lengths, cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded, _prepared=_prepared,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, softmax_stats=False, _prepared=_prepared,
         )  # fmt: skip
         return out
     if custom_ops:

@@ -12,6 +12,7 @@ CaptureMissError instead.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -131,6 +132,10 @@ def _prepare_fwd(sig: tuple, a: Any) -> _Prepared:
     _check_no_fp8_args(cfg.dtype, a.q, {n: getattr(a, f"{n}_offset") for n in fp8_names}, **{n: getattr(a, n) for n in fp8_names})
     if a.rng_gen is not None and not isinstance(a.rng_gen, torch.Generator):
         raise TypeError(f"rng_gen must be a torch.Generator or None, got {type(a.rng_gen).__name__}")
+    if not isinstance(a.softmax_stats, bool):
+        raise TypeError(f"softmax_stats must be a bool, got {_value(a.softmax_stats)}")
+    if not a.softmax_stats and a.softmax_lse is not None:
+        raise ValueError("softmax_lse was given but softmax_stats=False asks for no stats; pass one or the other")
     pad = head_pad(cfg)
     if pad is not None:
         _check_result_buffer("out", a.out, (*a.q.shape[:-1], cfg.d_v), cfg.dtype, a.q)
@@ -159,6 +164,11 @@ def _prepare_fwd(sig: tuple, a: Any) -> _Prepared:
         backend = _policy.select(cfg, env, forced, Direction.FWD, policy=policy)  # logs the choice (INFO)
     stats_shape, stats_dtype = stats_kind(backend.caps.saves_softmax)
     _check_result_buffer("softmax_lse", a.softmax_lse, stats_shape, stats_dtype, a.q)
+    plain = not (backend.enum == FusedAttnBackend.FP8 or cfg.mask.is_padding or cfg.is_ragged or cfg.paged is not None
+                 or a.attn_bias is not None or backend.caps.saves_softmax or cfg.empty or cfg.has_sink
+                 or cfg.return_max_logit or full_form is not None or _checking_operands())  # fmt: skip
+    if not a.softmax_stats and plain and backend.caps.drops_stats:  # the shortest path, without stats
+        cfg = replace(cfg, writes_stats=False)
     out_shape = (*a.q.shape[:-1], cfg.d_v)
     prep = _Prepared(
         cfg=cfg,
@@ -170,7 +180,7 @@ def _prepare_fwd(sig: tuple, a: Any) -> _Prepared:
         rng_increment=backend.rng_elts_per_thread(cfg) if cfg.has_dropout else 0,
         out_like_q=cfg.d_v == cfg.d_qk and a.q.is_contiguous(),
         out_template=_template(out_shape, cfg.dtype, a.q.device),
-        stats_template=_template(stats_shape, stats_dtype, a.q.device),
+        stats_template=_template(stats_shape, stats_dtype, a.q.device) if cfg.writes_stats else None,
         varlen=cfg.mask.is_padding or cfg.is_ragged,
         fp8=backend.enum == FusedAttnBackend.FP8,
         softmax_aux=backend.caps.saves_softmax,
@@ -183,9 +193,7 @@ def _prepare_fwd(sig: tuple, a: Any) -> _Prepared:
     if full_form is not None:  # constant lengths, bound like max512's; O zero-filled (rows without a key)
         prep.varlen = False
         prep.full_lens = full_lengths(cfg, prep.device)
-    prep.plain = not (prep.fp8 or prep.varlen or cfg.paged is not None or a.attn_bias is not None
-                      or prep.softmax_aux or prep.empty or cfg.has_sink or cfg.return_max_logit
-                      or prep.full_lens is not None or _checking_operands())  # fmt: skip
+    prep.plain = plain
     if cfg.has_sink:  # off_by_one without an offset: zeros (TE's DotProductAttention passes zeros too)
         prep.zero_sink = _kept(lambda: torch.zeros((1, cfg.h, 1, 1), dtype=torch.float32, device=prep.device), prep.device)
     if cfg.bias_copy:

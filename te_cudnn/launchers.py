@@ -69,7 +69,10 @@ def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     # empty_like is torch's cheapest allocation; empty_like of a template (see _template) is a
     # contiguous result of the template's shape.
     o = _empty_like(q if prep.out_like_q else prep.out_template) if out is None else out
-    st = _empty_like(prep.stats_template) if softmax_lse is None else softmax_lse
+    if prep.stats_template is None:  # a graph without stats (softmax_stats=False): aux_ctx_tensors[0] is None
+        st = None
+    else:
+        st = _empty_like(prep.stats_template) if softmax_lse is None else softmax_lse
     if prep.rng_increment:
         if rng_state is None:
             rng_state = _rng_state(prep, rng_gen)
@@ -78,13 +81,20 @@ def plain_fwd(prep: _Prepared, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     else:
         rng_state = prep.zero_rng
     if plan.launch.mode != "raw":
-        _execute(plan, [q, k, v, o, st], prep.device, _FWD_NAMES, rng_state if prep.rng_increment else None)
+        buffers = [q, k, v, o] if st is None else [q, k, v, o, st]
+        _execute(plan, buffers, prep.device, _FWD_NAMES[:len(buffers)], rng_state if prep.rng_increment else None)
         return o, [st, rng_state]
-    # the builder's uid order: q, k, v, o, stats, (seed, offset)
-    pq, pk, pv, po, ps = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), st.data_ptr()
-    if (pq | pk | pv | po | ps) & 15:
-        _misaligned(q=q, k=k, v=v, out=o, softmax_lse=st)
-    ptrs = array("Q", (pq, pk, pv, po, ps))
+    # the builder's uid order: q, k, v, o, (stats), (seed, offset)
+    pq, pk, pv, po = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    if st is None:
+        if (pq | pk | pv | po) & 15:
+            _misaligned(q=q, k=k, v=v, out=o)
+        ptrs = array("Q", (pq, pk, pv, po))
+    else:
+        ps = st.data_ptr()
+        if (pq | pk | pv | po | ps) & 15:
+            _misaligned(q=q, k=k, v=v, out=o, softmax_lse=st)
+        ptrs = array("Q", (pq, pk, pv, po, ps))
     if prep.rng_increment:
         seed = rng_state.data_ptr()
         ptrs.append(seed)

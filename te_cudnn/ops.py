@@ -181,6 +181,7 @@ def fused_attn_fwd(
     softmax_lse: Optional[torch.Tensor] = None,
     rng_state: Optional[torch.Tensor] = None,
     lengths: Optional[BatchLengths] = None,
+    softmax_stats: bool = True,
     _prepared: Optional[list] = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Fused scaled-dot-product attention forward (TransformerEngine's ``fused_attn_fwd``).
@@ -217,6 +218,10 @@ def fused_attn_fwd(
     reuses the lengths and offsets that an earlier call of the same batch derived; without it,
     a padding-mask or THD call derives them on the device from ``cu_seqlens*`` on every call,
     so the answer never depends on how the caller wrote them.
+    Keyword-only ``softmax_stats=False`` says the caller takes no softmax stats (no backward
+    follows): dense F16 calls that F16_arbitrary_seqlen serves then run a graph that does not
+    write them, and ``aux_ctx_tensors[0]`` is None; other calls write and return them as usual.
+    te_cudnn's doors pass it for calls that record no gradient.
 
     CUDA graphs: inside a capture, dropout draws its seed and offset on the device from
     ``rng_gen``'s graph-safe state, so every replay uses a fresh mask and the backward replays
@@ -265,7 +270,7 @@ def fused_attn_fwd(
             # cu_seqlens are validated when a signature is first seen; dense non-padding masks never
             # read them, so later calls only note whether they are given (two fewer C calls each).
             cu_seqlens_q is None, cu_seqlens_kv is None, cu_seqlens_q_padded is None and cu_seqlens_kv_padded is None,
-            extra, return_max_logit, cuda_graph,
+            extra, return_max_logit, cuda_graph, softmax_stats,
             _policy_token(),  # te_cudnn.backend_policy in force: another policy prepares its own call
         )  # fmt: skip
         prep = _fwd_memo.find(sig)
@@ -286,7 +291,7 @@ def fused_attn_fwd(
             attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, softmax_type=softmax_type,
             window_size=window_size, bottom_right_diagonal=bottom_right_diagonal, rng_gen=rng_gen,
             softmax_offset=softmax_offset, return_max_logit=return_max_logit, cuda_graph=cuda_graph, out=out,
-            softmax_lse=softmax_lse, rng_state=rng_state, lengths=lengths,
+            softmax_lse=softmax_lse, rng_state=rng_state, lengths=lengths, softmax_stats=softmax_stats,
         ))  # fmt: skip
     if _prepared is not None:
         _prepared.append(prep)

@@ -166,6 +166,7 @@ def _f16_fwd_values() -> dict[str, list[tuple[str, Any]]]:
         "softmax_lse": tensor_values("softmax_lse", torch.zeros(B, H, S, 1, dtype=F32), optional=True),
         "rng_state": tensor_values("rng_state", torch.zeros(2, dtype=I64), optional=True),
         "lengths": plain_values("lengths", None, BatchLengths(cu)),
+        "softmax_stats": plain_values("softmax_stats", True, False),
     }
     # F16 calls take no FP8 scaling tensors: given or not is the difference (their offsets are
     # varied with the FP8 baseline, where they select a slot)

@@ -127,6 +127,7 @@ class Capabilities:
     min_cudnn: int = 90000
     bad_cudnn: frozenset[int] = field(default_factory=frozenset)
     saves_softmax: bool = False  # the forward saves the full softmax S for the backward (max512), not stats
+    drops_stats: bool = False  # a forward graph may leave the softmax stats out (AttnConfig.writes_stats)
     persistable: bool = True  # plans may go to the on-disk plan store
     implemented: bool = True
     tracking_issue: Optional[str] = None  # where the missing part is tracked
@@ -178,6 +179,8 @@ class SubBackend:
             why.append(f"sliding window {cfg.window} is not supported")
         if not c.supports_max_logit and cfg.return_max_logit and direction == Direction.FWD:
             why.append("return_max_logit is not supported (F16_arbitrary_seqlen gives it, as in TransformerEngine)")
+        if not c.drops_stats and not cfg.writes_stats and direction == Direction.FWD:
+            why.append("a forward without softmax stats is not supported (F16_arbitrary_seqlen gives it)")
         if not c.supports_deterministic and cfg.deterministic and direction == Direction.BWD:
             why.append("a deterministic backward is not supported")
         if direction == Direction.BWD and cfg.do_stride is not None and cfg.saved_softmax != c.saves_softmax:

@@ -42,11 +42,13 @@ MAX = replace(op.STATS, uid=Uid.MAX, origin="the max_logit rows", present=lambda
 #: that it declines for one whose rows are padded to 16 bytes.
 DBIAS = replace(op.BIAS, uid=Uid.DBIAS, source=op.Source.RESULT, strides=lambda c: _contiguous(c.bias_shape),
                 origin=None, output=True, present=lambda c: c.has_dbias)  # fmt: skip
+#: The forward's softmax stats, left out of graphs whose caller takes none (AttnConfig.writes_stats).
+STATS = replace(op.STATS, present=lambda c: c.writes_stats)
 _RUNTIME = (op.SEQ_LEN_Q, op.SEQ_LEN_KV, *op.RAGGED, *op.PAGE_TABLES)
 #: The fixed operands, then the optional ones (bias and dBias, dropout seed and offset, the sink
 #: and its gradient, the max logit), then the per-call runtime tensors.
 FWD_OPERANDS = op.Operands(
-    op.Q, op.K, op.V, replace(op.O, dtype_inferred=True), op.STATS, op.BIAS, op.SEED, op.OFFSET, op.SINK, MAX,
+    op.Q, op.K, op.V, replace(op.O, dtype_inferred=True), STATS, op.BIAS, op.SEED, op.OFFSET, op.SINK, MAX,
     *_RUNTIME,
 )  # fmt: skip
 BWD_OPERANDS = op.Operands(
@@ -66,6 +68,7 @@ class F16ArbitrarySeqlen(SubBackend):
         head_dim_multiple=8,
         max_head_dim=128,  # widened to 256 on sm90 below, as cuDNN allows
         supports_max_logit=True,  # from cuDNN 9.21 (extra_reasons)
+        drops_stats=True,  # dense q only (extra_reasons): THD stats are placed by their own ragged offsets
         min_sm=80,
         min_cudnn=90000,
         bad_cudnn=frozenset({91000, 91001}),  # TE: known SDPA bugs in 9.10.0 / 9.10.1
@@ -82,6 +85,8 @@ class F16ArbitrarySeqlen(SubBackend):
                 f"qkv_layout={cfg.layout.name} (THD) needs a padding mask (padding, padding_causal or "
                 f"padding_causal_bottom_right), got attn_mask_type={cfg.mask.name}"
             )
+        if cfg.ragged_q and not cfg.writes_stats:
+            why.append("a forward without softmax stats needs a dense q (THD q: the stats are written)")
         if cfg.is_ragged and env.sm is not None and env.sm < 90:
             why.append(f"THD layouts need sm90 or newer, got sm{env.sm}")
         v = env.cudnn_version
@@ -252,10 +257,12 @@ class F16ArbitrarySeqlen(SubBackend):
             kw["bias"] = bias
         if cfg.return_max_logit:  # cuDNN >= 9.21 (extra_reasons): the maximum logit of each row, shaped as the stats
             kw["score_max"] = table.tensor(g, cfg, Uid.MAX, rag)
-        # TE generates the stats in inference too: aux_ctx_tensors always carries them.
-        o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **kw)
+        # TE generates the stats in inference too (aux_ctx_tensors carries them); only a caller
+        # that takes none (writes_stats=False) gets a graph without them.
+        o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=cfg.writes_stats, name="sdpa", **kw)
         table.output(o, cfg, Uid.O, rag)
-        table.output(stats, cfg, Uid.STATS, rag)
+        if cfg.writes_stats:
+            table.output(stats, cfg, Uid.STATS, rag)
         return GraphSpec(g, self.operand_uids(cfg, Direction.FWD), Direction.FWD)
 
     def build_bwd(self, cfg: AttnConfig, handle: Any = None) -> GraphSpec:

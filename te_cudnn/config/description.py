@@ -71,6 +71,9 @@ class AttnConfig:
     # TE 2.x ``cuda_graph``: the call runs in a CUDA graph. Changes eligibility only (cuDNN bug
     # workarounds), never the graph; plan keys drop it.
     cuda_graph: bool = False
+    # Forward: cuDNN writes the softmax stats. False for a call whose caller takes no stats (no
+    # backward follows: ``fused_attn_fwd(softmax_stats=False)``, the doors without a gradient).
+    writes_stats: bool = True
 
     @property
     def is_ragged(self) -> bool:
@@ -113,7 +116,8 @@ class AttnConfig:
         return self.bias_type == AttnBiasType.post_scale_bias and self.bias_shape is not None and self.bias_shape[:3] != (1, 1, 1)
 
     def for_backward(self, do_stride: tuple[int, ...], deterministic: bool) -> "AttnConfig":
-        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic, return_max_logit=False)
+        return replace(self, is_training=True, do_stride=do_stride, deterministic=deterministic, return_max_logit=False,
+                       writes_stats=True)
 
     def summary(self) -> str:
         """One line for error messages."""
@@ -133,5 +137,7 @@ class AttnConfig:
             parts.append("return_max_logit")
         if self.deterministic:
             parts.append("deterministic")
+        if not self.writes_stats:
+            parts.append("no stats")
         parts.append("training" if self.is_training else "inference")
         return ", ".join(parts)

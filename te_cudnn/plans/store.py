@@ -88,7 +88,7 @@ __all__ = [
 #: The version of what the graph builders (``te_cudnn/backends/``) put into a plan. It is part
 #: of the fingerprint, so bumping it retires every stored plan. Bump it with any change to the
 #: builders; ``tests/test_plan_format.py`` fails until it is bumped and its recorded hash updated.
-PLAN_FORMAT_VERSION = 5
+PLAN_FORMAT_VERSION = 6
 
 DEFAULT_MAX_MB = 512
 #: A temporary file this old belongs to a writer that was killed: eviction removes it.
