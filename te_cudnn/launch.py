@@ -347,8 +347,8 @@ def execute(plan: CompiledPlan, buffers: list[torch.Tensor], device: torch.devic
     launcher = plan.launch
     if launcher.mode == "raw":
         ptrs = array("Q", map(data_ptr, buffers))  # the pointer array the raw launch reads
-        n = len(checked)  # 4 (a forward without stats) to 6 (the backward's q, k, v, o, stats, d_o)
-        if n and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[n - 2] | ptrs[n - 1]) & 15:
+        # checked: 4 names (a forward without stats) to 6 (the backward's q, k, v, o, stats, d_o)
+        if checked and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[len(checked) - 2] | ptrs[len(checked) - 1]) & 15:
             misaligned(**dict(zip(checked, buffers)))
         if rng_state is not None:
             seed = data_ptr(rng_state)

@@ -55,7 +55,7 @@ def _spy_execute(monkeypatch):
     seen = []
     real = launchers._execute
 
-    def spy(plan, buffers, device, checked=False):
+    def spy(plan, buffers, device, checked=()):
         seen.append([t.data_ptr() for t in buffers])
         return real(plan, buffers, device, checked)
 
