@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import te_cudnn as tc
 import te_cudnn.first_call as first_call
 from te_cudnn.backends import BY_ENUM, Direction, Uid
 from te_cudnn.enums import FusedAttnBackend
@@ -84,3 +85,11 @@ def test_arguments_checked(hopper) -> None:
     lse = torch.zeros(2, 4, 128, 1, dtype=torch.float32)
     with pytest.raises(ValueError, match="softmax_lse was given but softmax_stats=False"):
         _prepare(None, softmax_lse=lse)
+
+
+def test_backward_of_a_forward_without_stats_is_refused() -> None:
+    q, k, v = (torch.zeros(2, 128, 4, 64, dtype=BF16) for _ in range(3))
+    aux = [None, torch.zeros(2, dtype=torch.int64)]
+    with pytest.raises(ValueError, match="softmax_stats=False"):
+        tc.fused_attn_bwd(128, 128, None, None, q, k, v, q, q, BF16, aux, qkv_layout="bshd_bshd_bshd",
+                          attn_mask_type="causal")  # fmt: skip

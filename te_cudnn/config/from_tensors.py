@@ -451,6 +451,9 @@ def describe_bwd(
         names = "softmax_stats, rng_state" + (", bias" if has_bias else "") + (", softmax_offset" if fwd.has_sink else "")
         raise ValueError(f"aux_ctx_tensors must hold [{names}] as returned by fused_attn_fwd; got "
                          f"{len(aux_ctx_tensors)} tensor(s)")  # fmt: skip
+    if aux_ctx_tensors[0] is None:
+        raise ValueError("aux_ctx_tensors[0] is None: its forward ran with softmax_stats=False, which writes no "
+                         "softmax stats for a backward; run the forward with softmax_stats=True (the default)")
     stats, rng_state = _tensor("aux_ctx_tensors[0]", aux_ctx_tensors[0]), _tensor("aux_ctx_tensors[1]", aux_ctx_tensors[1])
     stats_shape = (q.shape[0], fwd.h, 1) if fwd.ragged_q else (fwd.b, fwd.h, fwd.sq, 1)
     softmax_shape = (fwd.b, fwd.h, fwd.sq, fwd.skv)
