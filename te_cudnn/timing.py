@@ -8,6 +8,8 @@ tools) takes its measurements through this module, so that each way of timing is
   later (a loop queues many spans and synchronizes once).
 * :func:`capture`: a CUDA graph of calls, to time their replay without host gaps.
 * :func:`host_medians`: host microseconds per call, where the host, not the GPU, is the limit.
+* :func:`queued_ms`: GPU time and host time of the same back-to-back calls, optionally queued
+  behind a spin (the GPU time without host gaps beside the host's own cost).
 * :func:`spin_ahead_samples` and :func:`interleaved_samples`: GPU time of launches whose host
   cost would otherwise be timed: the stream spins (``torch.cuda._sleep``) while the host queues
   them, so the samples hold the GPU's back-to-back execution only.
@@ -25,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["EventSpan", "event_ms", "median_ms", "capture", "host_medians", "spin_rate", "spin", "spin_ended",
+__all__ = ["EventSpan", "event_ms", "queued_ms", "median_ms", "capture", "host_medians", "spin_rate", "spin", "spin_ended",
            "warm", "spin_ahead_samples", "interleaved_samples", "SPIN_CALIBRATION_CYCLES", "MAX_SPIN_MS",
            "SPIN_RETRIES"]  # fmt: skip
 
@@ -70,6 +72,29 @@ def event_ms(fn: Callable[[], Any], reps: int = 1, lead: int = 0) -> float:
     span.end()
     span.wait()
     return span.ms() / reps
+
+
+def queued_ms(fn: Callable[[], Any], reps: int, lead: int = 0, ahead_ms: float = 0.0,
+              rate: Optional[float] = None) -> tuple[float, float, bool]:
+    """``(GPU ms per call, host µs per call, late)`` of ``reps`` back-to-back calls of ``fn``
+    after ``lead`` untimed ones: the GPU time between CUDA events, and the host time the loop
+    took to queue the calls (``perf_counter``). With ``ahead_ms`` and a :func:`spin_rate`
+    ``rate``, the stream first spins for about that long, so the GPU runs the calls back to back
+    whatever the host's pace: the GPU time then holds no host gaps. ``late``: the spin was over
+    before the host had queued every call (the GPU time may include host gaps: spin longer)."""
+    for _ in range(lead):
+        fn()
+    spun = spin(ahead_ms, rate) if ahead_ms > 0 and rate else None
+    span = EventSpan()
+    span.begin()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host_us = (time.perf_counter() - t0) / reps * 1e6
+    span.end()
+    late = spin_ended(spun)
+    span.wait()
+    return span.ms() / reps, host_us, late
 
 
 def median_ms(fn: Callable[[], Any], reps: int = 1, rounds: int = 7, warmup: int = 3) -> float:

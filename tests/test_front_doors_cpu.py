@@ -35,6 +35,55 @@ def test_report_gives_the_paired_ratios_with_their_intervals():
     }  # fmt: skip
     md = front_doors._markdown(res)
     assert "| te_cudnn.fused_attn_fwd | 11.0 | 1.10× |" in md
-    assert "| b=1 | BHSD leaves | 1.000 | 1.000 | 0.990 | 0.970–1.010 |" in md
+    assert "| b=1 | BHSD leaves | 1.000 | 1.000 | 0.990 | 0.970–1.010 |  |  |  |" in md
     assert "| prefill ms | 20.0 | 19.0 | 0.950 | 0.950 (0.900–0.990) |" in md
     assert "| generate error | x | None | | |" in md
+
+
+def test_report_gives_the_paced_columns_beside_the_back_to_back_ones():
+    row = {"shape": "b=2", "inputs": "BSHD views", "te_cudnn_ms": 0.25, "torch_cudnn_ms": 0.25, "ratio": 1.001,
+           "ratio_low": 1.0, "ratio_high": 1.002, "paced_te_cudnn_ms": 0.33, "paced_torch_cudnn_ms": 0.3,
+           "paced_ratio": 1.1, "paced_ratio_low": 0.8, "paced_ratio_high": 1.3, "host_te_cudnn_us": 329.6,
+           "host_torch_cudnn_us": 301.2}  # fmt: skip
+    md = front_doors._markdown({"device": "a GPU", "host": {}, "fwd_bwd": [row]})
+    assert ("| b=2 | BSHD views | 0.250 | 0.250 | 1.001 | 1.000–1.002 | 0.330 / 0.300 | 1.100 (0.800–1.300) "
+            "| 330 / 301 |") in md
+
+
+def test_queued_ms_times_the_calls_and_the_host_and_spins_only_when_asked(monkeypatch):
+    from te_cudnn import timing
+
+    calls, spins = [], []
+
+    class Span:
+        def begin(self): calls.append("begin")
+        def end(self): calls.append("end")
+        def wait(self): pass
+        def ms(self): return 2.0
+
+    monkeypatch.setattr(timing, "EventSpan", Span)
+    monkeypatch.setattr(timing, "spin", lambda ms, rate: spins.append((ms, rate)) or "spun")
+    monkeypatch.setattr(timing, "spin_ended", lambda spun: spun == "spun")
+    clock = iter([10.0, 10.5])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    ms, us, late = timing.queued_ms(lambda: calls.append("call"), 4, lead=2)
+    assert calls == ["call", "call", "begin", "call", "call", "call", "call", "end"]
+    assert (ms, us, late, spins) == (0.5, 0.5 / 4 * 1e6, False, [])
+    clock = iter([0.0, 1.0])
+    assert timing.queued_ms(lambda: None, 2, ahead_ms=3.0, rate=1e6)[2] is True
+    assert spins == [(3.0, 1e6)]
+    clock = iter([0.0, 1.0])
+    timing.queued_ms(lambda: None, 2, ahead_ms=3.0, rate=None)  # no rate: no spin
+    assert spins == [(3.0, 1e6)]
+
+
+def test_step_clock_keeps_the_median_interval_between_new_tokens(monkeypatch):
+    clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 9.0])  # the prompt, then five tokens (one slow step)
+    monkeypatch.setattr(front_doors.time, "perf_counter", lambda: next(clock))
+    steps = front_doors._StepClock()
+    for _ in range(6):
+        steps.put(None)
+    steps.end()
+    assert steps.medians == [pytest.approx(0.15)]  # intervals 0.1, 0.2, 0.1, 3.6: the prefill's 5.0 left out
+    steps.end()  # a call that streamed nothing adds nothing
+    assert len(steps.medians) == 1 and steps.stamps == []

@@ -4,11 +4,12 @@
   call, ``fused_attention``, the module, the SDPA drop-in and the Hugging Face attention
   function, against torch's SDPA (default and cuDNN backends), transformers' ``sdpa``
   function and the cuDNN frontend's own PyTorch op where it is installed;
-* forward+backward GPU time of the drop-in against torch's cuDNN SDPA on BHSD-contiguous
-  leaves and on BSHD views (gradients accumulating into ``.grad``, as in training);
+* forward+backward of the drop-in against torch's cuDNN SDPA on BHSD-contiguous leaves and
+  on BSHD views (gradients accumulating into ``.grad``, as in training): the GPU time of steps
+  run back to back, and the time and host µs of steps at the host's pace;
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
-  with ``mode="reduce-overhead"``, prefill and one training step, te_cudnn against ``sdpa``,
+  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`), prefill and one training step, te_cudnn against ``sdpa``,
   the two models taking turns call by call (host time drifts; see :func:`_alternating`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
@@ -36,7 +37,7 @@ from ..module import DotProductAttention
 from ..ops import fused_attn_fwd
 from ..runtime import cudnn_module, cudnn_version_string, current_env
 from ..sdpa import scaled_dot_product_attention
-from ..timing import event_ms, host_medians
+from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
 from .chart import pyplot
 from .environment import environment
 from .ratios import paired_ratio
@@ -107,12 +108,20 @@ def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
 
 
 def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 31, seed: int = 0) -> list[dict[str, Any]]:
-    """fwd+bwd milliseconds per step of the drop-in and of torch's cuDNN SDPA in interleaved
-    rounds (a seeded random order per round; each sample after ``3`` untimed steps), with the
-    paired ratio (the median of the per-round ratios and its 95 % interval,
-    te_cudnn.benchmark.ratios): at the small shapes a step is about as long as its host time,
-    and host jitter between rounds cancels in the round's ratio."""
+    """fwd+bwd per step of the drop-in and of torch's cuDNN SDPA in interleaved rounds (a seeded
+    random order per round), each contender sampled twice per round:
+
+    * *back to back*: ``reps`` steps queued behind a spin, so the GPU runs them without waiting
+      for the host: the kernels' time, gradient accumulation included (``te_cudnn_ms``,
+      ``torch_cudnn_ms``, ``ratio``);
+    * *paced*: the same steps after ``3`` untimed ones, no spin (``paced_*``): where a step's
+      host time exceeds its GPU time (the small shapes) the host sets the pace, and the time is
+      the host's; ``host_*_us`` is the host time per step of that sample.
+
+    Ratios are paired by round: the median of the per-round ratios and its 95 % interval
+    (te_cudnn.benchmark.ratios), so host jitter and clock drift between rounds cancel."""
     order = random.Random(seed)
+    rate = spin_rate(torch.cuda.current_device())
     rows = []
     for b, h, hk, s, d in shapes:
         for form in ("BHSD leaves", "BSHD views"):
@@ -132,17 +141,39 @@ def dropin_fwd_bwd(shapes=FWD_BWD_SHAPES, reps: int = 20, rounds: int = 31, seed
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(go)
 
-            times: dict[str, list[float]] = {"te_cudnn": [], "torch cuDNN": []}
-            steps = [("te_cudnn", te_step), ("torch cuDNN", torch_step)]
+            names = ("te_cudnn", "torch cuDNN")
+            ahead = dict.fromkeys(names, 0.0)
+            device: dict[str, list[float]] = {n: [] for n in names}
+            paced: dict[str, list[float]] = {n: [] for n in names}
+            host: dict[str, list[float]] = {n: [] for n in names}
+            steps = list(zip(names, (te_step, torch_step)))
+            late_samples = 0
             for _ in range(rounds):
                 order.shuffle(steps)
                 for name, step in steps:
-                    times[name].append(event_ms(step, reps, lead=3))
-            te_ms, torch_ms = statistics.median(times["te_cudnn"]), statistics.median(times["torch cuDNN"])
-            ratio, low, high = paired_ratio(times["te_cudnn"], times["torch cuDNN"])
-            rows.append({"shape": f"b={b} h={h} hg={hk} s={s} d={d} causal", "inputs": form, "te_cudnn_ms": te_ms,
-                         "torch_cudnn_ms": torch_ms, "ratio": ratio, "ratio_low": low, "ratio_high": high,
-                         "rounds": rounds})  # fmt: skip
+                    ms, us, _ = queued_ms(step, reps, lead=3)
+                    paced[name].append(ms)
+                    host[name].append(us)
+                    # the spin covers twice the host time the paced sample took to queue as many steps
+                    ahead[name] = max(ahead[name], min(2e-3 * us * reps + 1.0, MAX_SPIN_MS))
+                    ms, _, late = queued_ms(step, reps, ahead_ms=ahead[name], rate=rate)
+                    if late and ahead[name] < MAX_SPIN_MS:  # the host outran the spin: once more, spinning longer
+                        ahead[name] = min(2 * ahead[name], MAX_SPIN_MS)
+                        ms, _, late = queued_ms(step, reps, ahead_ms=ahead[name], rate=rate)
+                    late_samples += late
+                    device[name].append(ms)
+            row: dict[str, Any] = {"shape": f"b={b} h={h} hg={hk} s={s} d={d} causal", "inputs": form,
+                                   "rounds": rounds, "reps": reps}  # fmt: skip
+            for prefix, samples in (("", device), ("paced_", paced)):
+                row[f"{prefix}te_cudnn_ms"] = statistics.median(samples["te_cudnn"])
+                row[f"{prefix}torch_cudnn_ms"] = statistics.median(samples["torch cuDNN"])
+                row[f"{prefix}ratio"], row[f"{prefix}ratio_low"], row[f"{prefix}ratio_high"] = paired_ratio(
+                    samples["te_cudnn"], samples["torch cuDNN"])  # fmt: skip
+            row["host_te_cudnn_us"] = statistics.median(host["te_cudnn"])
+            row["host_torch_cudnn_us"] = statistics.median(host["torch cuDNN"])
+            row["back_to_back"] = bool(rate)  # False: no spin here (torch.cuda._sleep missing), all samples paced
+            row["late_samples"] = late_samples  # back-to-back samples whose spin ended before the host had queued them
+            rows.append(row)
             q = k = v = go = None  # free this shape's tensors before the next
     return rows
 
@@ -174,6 +205,26 @@ def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+class _StepClock:
+    """A ``generate`` streamer that times the decode steps: transformers hands it the prompt,
+    then each new token as its step ends; at the end of a call it keeps the median interval
+    between new tokens. That median leaves out the prefill and the host's occasional stalls,
+    which make whole-call times of host-bound decoding vary by ±15 % from call to call."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.medians: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        steps = [b - a for a, b in zip(self.stamps[1:], self.stamps[2:])]  # stamps[0]: the prompt
+        if steps:
+            self.medians.append(statistics.median(steps))
+        self.stamps = []
+
+
 def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
     both models are built first and every measure alternates between them."""
@@ -200,19 +251,34 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[st
         if paired is not None:
             intervals[measure] = list(paired)
 
+    def record_steps(measure: str, clocks: dict[str, "_StepClock"], b: int) -> None:
+        """Decode tokens/s from each generate's median step (the warm-up call's left out)."""
+        samples = {impl: [b / sec for sec in clock.medians[1:]] for impl, clock in clocks.items()}
+        for impl, rates in samples.items():
+            r[impl][measure] = statistics.median(rates)
+        paired = paired_ratio(samples["te_cudnn"], samples["sdpa"])
+        if paired is not None:
+            intervals[measure] = list(paired)
+
     for b in (4, 1):
         ids = torch.randint(0, 32000, (b, prompt), device="cuda")
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         rate = lambda sec, b=b: b * new_tokens / sec  # noqa: E731
         with torch.no_grad():
+            clocks = {i: _StepClock() for i in models}
             record(f"generate b={b} dynamic cache tokens/s",
-                   {i: (lambda m=m: m.generate(ids, **kw)) for i, m in models.items()}, reps, rate)
+                   {i: (lambda m=m, c=clocks[i]: m.generate(ids, streamer=c, **kw)) for i, m in models.items()},
+                   reps, rate)  # fmt: skip
+            record_steps(f"decode b={b} dynamic cache tokens/s (median step)", clocks, b)
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
-            static = {i: (lambda m=m: m.generate(ids, cache_implementation="static", compile_config=cc, **kw))
+            clocks = {i: _StepClock() for i in models}
+            static = {i: (lambda m=m, c=clocks[i]: m.generate(ids, cache_implementation="static", compile_config=cc,
+                                                               streamer=c, **kw))
                       for i, m in models.items()}  # fmt: skip
             try:
                 record(f"generate b={b} static cache + reduce-overhead tokens/s", static, reps, rate)
+                record_steps(f"decode b={b} static cache + reduce-overhead tokens/s (median step)", clocks, b)
             except Exception as exc:  # noqa: BLE001 - reported
                 for impl in models:
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
@@ -246,13 +312,21 @@ def _markdown(res: dict[str, Any]) -> str:
     base = host.get("torch SDPA (default backend)")
     for name, us in host.items():
         lines.append(f"| {name} | {us:.1f} | {us / base:.2f}× |" if base else f"| {name} | {us:.1f} | |")
-    lines += ["", "### Drop-in forward+backward (ms per step, causal; medians over interleaved rounds, the ratio "
-              "paired by round with its 95 % interval)", "", "| shape | inputs | te_cudnn | torch cuDNN | ratio | "
-              "interval |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "### Drop-in forward+backward (causal, ms per step; medians over interleaved rounds, ratios paired "
+              "by round with their 95 % interval)", "",
+              "GPU: steps queued behind a spin, run back to back (the kernels and the gradient accumulation). "
+              "Paced: the same steps at the host's pace, and the host µs per step.", "",
+              "| shape | inputs | te_cudnn GPU | torch cuDNN GPU | ratio | interval | paced te_cudnn / torch | "
+              "paced ratio (interval) | host µs te_cudnn / torch |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in res.get("fwd_bwd", []):
         interval = f"{r['ratio_low']:.3f}–{r['ratio_high']:.3f}" if "ratio_low" in r else ""
+        paced = host = paced_ratio = ""
+        if "paced_te_cudnn_ms" in r:
+            paced = f"{r['paced_te_cudnn_ms']:.3f} / {r['paced_torch_cudnn_ms']:.3f}"
+            paced_ratio = f"{r['paced_ratio']:.3f} ({r['paced_ratio_low']:.3f}–{r['paced_ratio_high']:.3f})"
+            host = f"{r['host_te_cudnn_us']:.0f} / {r['host_torch_cudnn_us']:.0f}"
         lines.append(f"| {r['shape']} | {r['inputs']} | {r['te_cudnn_ms']:.3f} | {r['torch_cudnn_ms']:.3f} | "
-                     f"{r['ratio']:.3f} | {interval} |")  # fmt: skip
+                     f"{r['ratio']:.3f} | {interval} | {paced} | {paced_ratio} | {host} |")  # fmt: skip
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "",
