@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["EventSpan", "event_ms", "queued_ms", "median_ms", "capture", "host_medians", "spin_rate", "spin", "spin_ended",
-           "warm", "spin_ahead_samples", "interleaved_samples", "SPIN_CALIBRATION_CYCLES", "MAX_SPIN_MS",
+__all__ = ["EventSpan", "event_ms", "queued_ms", "median_ms", "capture", "host_medians", "spin_rate", "spin",
+           "spin_ended", "warm", "spin_ahead_samples", "interleaved_samples", "SPIN_CALIBRATION_CYCLES", "MAX_SPIN_MS",
            "SPIN_RETRIES"]  # fmt: skip
 
 

@@ -9,8 +9,9 @@
   run back to back, and the time and host µs of steps at the host's pace;
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
-  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`), prefill and one training step, te_cudnn against ``sdpa``,
-  the two models taking turns call by call (host time drifts; see :func:`_alternating`).
+  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`),
+  prefill and one training step, te_cudnn against ``sdpa``, the two models taking turns call
+  by call (host time drifts; see :func:`_alternating`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
