@@ -59,19 +59,12 @@ class EventSpan:
 
 
 def event_ms(fn: Callable[[], Any], reps: int = 1, lead: int = 0) -> float:
-    """Milliseconds per call of ``reps`` back-to-back calls, CUDA events around them.
-    ``lead`` untimed calls go first: while the GPU runs them the host queues the start event
-    and the timed calls, so the first timed call does not wait for its own launch (without a
-    lead, the time of a lone call includes its host latency from an idle GPU)."""
-    span = EventSpan()
-    for _ in range(lead):
-        fn()
-    span.begin()
-    for _ in range(reps):
-        fn()
-    span.end()
-    span.wait()
-    return span.ms() / reps
+    """Milliseconds per call of ``reps`` back-to-back calls, CUDA events around them (the GPU
+    time of :func:`queued_ms`). ``lead`` untimed calls go first: while the GPU runs them the
+    host queues the start event and the timed calls, so the first timed call does not wait for
+    its own launch (without a lead, the time of a lone call includes its host latency from an
+    idle GPU)."""
+    return queued_ms(fn, reps, lead)[0]
 
 
 def queued_ms(fn: Callable[[], Any], reps: int, lead: int = 0, ahead_ms: float = 0.0,

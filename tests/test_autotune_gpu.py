@@ -447,14 +447,21 @@ def test_timer_hides_the_host_time_of_a_host_bound_run_after_an_idle_spell() -> 
     torch.cuda.synchronize()
     host_ms = (time.perf_counter() - t0) / 200 * 1e3
     saved = dict(timing._cycles_per_ms)
-    timing._cycles_per_ms.clear()  # measured again, after the idle spell
+    timed = []
+    # The host's cores are shared: a preemption longer than the spin ahead of a sample (and its
+    # retries) lets host time into that sample. A spin rate read at the idle clock would spoil
+    # every attempt; one clean attempt out of three shows it was read right.
     try:
-        time.sleep(2.0)  # idle: the GPU lowers its clock
-        [samples] = tune_mod.interleaved_event_timer([run], warmup=3, reps=5)
+        for _ in range(3):
+            timing._cycles_per_ms.clear()  # measured again, after the idle spell
+            time.sleep(2.0)  # idle: the GPU lowers its clock
+            [samples] = tune_mod.interleaved_event_timer([run], warmup=3, reps=5)
+            assert len(samples) == 5
+            timed.append(sorted(samples)[len(samples) // 2])
+            print(f"host {host_ms * 1e3:.1f} us per run, timed {timed[-1] * 1e3:.1f} us")
+            if timed[-1] < 0.5 * host_ms:
+                break
     finally:
         timing._cycles_per_ms.clear()
         timing._cycles_per_ms.update(saved)
-    device_ms = sorted(samples)[len(samples) // 2]
-    print(f"host {host_ms * 1e3:.1f} us per run, timed {device_ms * 1e3:.1f} us")
-    assert len(samples) == 5
-    assert device_ms < 0.5 * host_ms, (device_ms, host_ms)
+    assert min(timed) < 0.5 * host_ms, (timed, host_ms)
