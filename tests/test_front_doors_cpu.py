@@ -87,3 +87,31 @@ def test_step_clock_keeps_the_median_interval_between_new_tokens(monkeypatch):
     assert steps.medians == [pytest.approx(0.15)]  # intervals 0.1, 0.2, 0.1, 3.6: the prefill's 5.0 left out
     steps.end()  # a call that streamed nothing adds nothing
     assert len(steps.medians) == 1 and steps.stamps == []
+
+
+def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
+    """Two tiny Llama models on the CPU: the lockstep loop alternates them step by step (the
+    first of a turn alternating), times every step of the timed rounds, and its tokens are
+    those of greedy ``generate``."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    models = {name: transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa")).eval()
+              for name in ("sdpa", "te_cudnn")}  # fmt: skip
+    order = []
+    for name, model in models.items():
+        model.register_forward_pre_hook(lambda mod, args, name=name: order.append(name))
+    ids = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        seconds, tokens = front_doors._lockstep(models, ids, steps=4, rounds=2)
+        expected = {name: m.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False)[:, 6:]
+                    for name, m in models.items()}  # fmt: skip
+    assert {name: len(s) for name, s in seconds.items()} == {"sdpa": 8, "te_cudnn": 8}
+    assert all(s > 0 for secs in seconds.values() for s in secs)
+    per_round = ["sdpa", "te_cudnn"] + ["sdpa", "te_cudnn", "te_cudnn", "sdpa"] * 2  # the prompts, then the steps
+    assert order[:len(per_round) * 3] == per_round * 3  # the untimed round and two timed ones
+    for name in models:
+        assert torch.equal(tokens[name], expected[name]), name

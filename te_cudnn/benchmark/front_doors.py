@@ -9,9 +9,10 @@
   run back to back, and the time and host µs of steps at the host's pace;
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
-  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`),
-  prefill and one training step, te_cudnn against ``sdpa``, the two models taking turns call
-  by call (host time drifts; see :func:`_alternating`).
+  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`;
+  dynamic-cache decode steps also in lockstep, :func:`_lockstep`), prefill and one training
+  step, te_cudnn against ``sdpa``, the two models taking turns call by call (host time drifts;
+  see :func:`_alternating`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -226,7 +227,37 @@ class _StepClock:
         self.stamps = []
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[str, Any]:
+def _lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int) -> tuple[dict, dict]:
+    """Greedy decode steps of each model with its own dynamic cache, the models taking turns
+    step by step (the first of a turn alternating), so that the host's slow spells, which move
+    whole ``generate`` calls by several per cent, fall on both sides of a pair. Every step ends
+    on its new token's value on the host, as ``generate``'s stopping check does. One untimed
+    round first (plans and allocator warm). Returns ``(seconds per step, tokens)``: ``rounds *
+    steps`` samples per model, paired by position, and each model's ``[b, steps]`` tokens of
+    the last round."""
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    tokens: dict[str, torch.Tensor] = {}
+    for r in range(rounds + 1):
+        caches, last, made = {}, {}, {name: [] for name in models}
+        for name, model in models.items():
+            out = model(ids, use_cache=True)
+            caches[name], last[name] = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        turn = list(models)
+        for _ in range(steps):
+            for name in turn:
+                t0 = time.perf_counter()
+                out = models[name](last[name], past_key_values=caches[name], use_cache=True)
+                last[name] = out.logits[:, -1:].argmax(-1)
+                bool((last[name] < 0).any())  # the token on the host: the step is done
+                if r:
+                    seconds[name].append(time.perf_counter() - t0)
+                made[name].append(last[name])
+            turn.reverse()
+        tokens = {name: torch.cat(t, dim=1) for name, t in made.items()}
+    return seconds, tokens
+
+
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
     both models are built first and every measure alternates between them."""
     transformers = _transformers()
@@ -252,9 +283,9 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[st
         if paired is not None:
             intervals[measure] = list(paired)
 
-    def record_steps(measure: str, clocks: dict[str, "_StepClock"], b: int) -> None:
-        """Decode tokens/s from each generate's median step (the warm-up call's left out)."""
-        samples = {impl: [b / sec for sec in clock.medians[1:]] for impl, clock in clocks.items()}
+    def record_rates(measure: str, seconds: dict[str, list[float]], b: int) -> None:
+        """Decode tokens/s from seconds per step, paired sample by sample."""
+        samples = {impl: [b / sec for sec in secs] for impl, secs in seconds.items()}
         for impl, rates in samples.items():
             r[impl][measure] = statistics.median(rates)
         paired = paired_ratio(samples["te_cudnn"], samples["sdpa"])
@@ -270,7 +301,11 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[st
             record(f"generate b={b} dynamic cache tokens/s",
                    {i: (lambda m=m, c=clocks[i]: m.generate(ids, streamer=c, **kw)) for i, m in models.items()},
                    reps, rate)  # fmt: skip
-            record_steps(f"decode b={b} dynamic cache tokens/s (median step)", clocks, b)
+            # each generate's median step (the warm-up call's left out), then steps in lockstep
+            record_rates(f"decode b={b} dynamic cache tokens/s (median step)",
+                         {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
+            record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)",
+                         _lockstep(models, ids, new_tokens, lockstep_rounds)[0], b)  # fmt: skip
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
             clocks = {i: _StepClock() for i in models}
@@ -279,7 +314,8 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9) -> dict[st
                       for i, m in models.items()}  # fmt: skip
             try:
                 record(f"generate b={b} static cache + reduce-overhead tokens/s", static, reps, rate)
-                record_steps(f"decode b={b} static cache + reduce-overhead tokens/s (median step)", clocks, b)
+                record_rates(f"decode b={b} static cache + reduce-overhead tokens/s (median step)",
+                             {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - reported
                 for impl in models:
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
@@ -331,7 +367,9 @@ def _markdown(res: dict[str, Any]) -> str:
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "",
-                  "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired by turn (95 % interval) |",
+                  "Paired: the models' samples taken in turns, call by call (steps in lockstep: step by step), "
+                  "median ratio and its 95 % interval.", "",
+                  "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired (95 % interval) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         paired = hf.get("te_cudnn vs sdpa, paired by turn (median, 95 % interval)", {})
         for k, v in hf.get("sdpa", {}).items():
