@@ -20,7 +20,7 @@ from .enums import FusedAttnBackend, QKVFormat, QKVLayout
 from .errors import MisalignedError
 from .layouts import layout_info
 from .launchers import plain_bwd, plain_fwd
-from .lean import LeanDoor, LeanTraining, as_is, new_output, policy_token, wants_grad
+from .lean import LeanDoor, LeanTraining, as_is, new_output, policy_token, run_inference, wants_grad
 from .ops import fused_attn_bwd, fused_attn_fwd
 from .torch_ops import _is_compiling, use_custom_ops
 from .varlen import BatchLengths
@@ -333,7 +333,7 @@ def fused_attention(
                        *options.items())  # fmt: skip
                 entry = _LEAN.find(sig)
                 if entry is not None:
-                    return lean_attention(entry, q, k, v) if recorded else LeanDoor.run(entry, q, k, v)
+                    return lean_attention(entry, q, k, v) if recorded else run_inference(entry, q, k, v)
         except (AttributeError, TypeError, MisalignedError):  # the full path below names what is wrong
             sig = None
     opts = _options("fused_attention", options, _OPTION_NAMES, _FUSED_ARGUMENTS)

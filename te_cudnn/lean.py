@@ -7,23 +7,27 @@ runs no dropout needs none of it again: it allocates the output in the door's ow
 (the drop-in's ``[b, h, s, d]`` view of ``[b, s, h, d]`` memory, the module's flattened heads)
 and launches the prepared plain forward, reading the inputs' pointers where they are. Every
 check that guards the answer stays: the signature equals a validated one, and the launch
-checks the pointers' 16-byte alignment (te_cudnn.launchers.plain_fwd).
+checks the pointers' 16-byte alignment (:func:`run_inference`).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, Hashable, Optional
 
 import torch
 
 from .launch import is_capturing
+from .launch import launch as _launch
+from .launch import misaligned as _misaligned
 from .memo import TEMPLATE_BYTES, SigMemo
+from .plans.cache import next_tick
 from .prepared import _dependent_caches, shared_template
 from .launchers import plain_fwd
 from .policy import token as policy_token
 
-__all__ = ["LeanDoor", "LeanTraining", "as_is", "new_output", "wants_grad", "policy_token"]
+__all__ = ["LeanDoor", "LeanTraining", "as_is", "new_output", "run_inference", "wants_grad", "policy_token"]
 
 _empty_like = torch.empty_like
 _empty_strided = torch.empty_strided
@@ -86,7 +90,7 @@ class LeanDoor:
         _dependent_caches.append(self.memo)
 
     def find(self, sig: Hashable) -> Any:
-        """The entry of ``sig`` (pass it to :meth:`run`), or None."""
+        """The entry of ``sig`` (pass it to :func:`run_inference`), or None."""
         return self.memo.find(sig)
 
     def learn(self, sig: Optional[Hashable], prepared: list, out: torch.Tensor, training: Optional[tuple] = None) -> None:
@@ -107,10 +111,24 @@ class LeanDoor:
             template = (tuple(out.shape), tuple(out.stride()), out.dtype, out.device)
         self.memo.remember(sig, LeanTraining(prep, template, *training) if training else (prep, template))
 
-    @staticmethod
-    def run(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The remembered call again on new tensors of its signature."""
-        prep, template = entry
-        out = new_output(template)
+
+
+def run_inference(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A remembered inference forward (an entry of :meth:`LeanDoor.find`) on new tensors of its signature.
+    The usual case (a graph without stats launched from pointers, its plan cached) is
+    specialised into this frame: allocate, check the 16-byte alignment, keep the plan's use
+    count and recency, launch. Anything else (an evicted plan, stats, a plan the frontend
+    executes) goes through :func:`te_cudnn.launchers.plain_fwd`."""
+    prep, template = entry
+    out = _empty_like(template) if template.__class__ is not tuple else new_output(template)
+    plan = prep.plan
+    if plan is None or plan.evicted or prep.stats_template is not None or plan.launch.mode != "raw":
         plain_fwd(prep, q, k, v, out)
         return out
+    pq, pk, pv, po = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    if (pq | pk | pv | po) & 15:
+        _misaligned(q=q, k=k, v=v, out=out)
+    plan.hits += 1  # as plain_fwd keeps them (plan_cache.hit, inline)
+    plan.last_used = next_tick()
+    _launch(plan, array("Q", (pq, pk, pv, po)), prep.index)  # the builder's uid order: q, k, v, o
+    return out

@@ -20,7 +20,7 @@ from .autograd import AttnOptions, attend, attend_fp8, lean_attention
 from .enums import AttnMaskType
 from .errors import MisalignedError
 from .fp8 import Fp8AttentionMeta
-from .lean import LeanDoor, as_is, policy_token, wants_grad
+from .lean import LeanDoor, as_is, policy_token, run_inference, wants_grad
 from .layouts import get_qkv_layout
 from .parallel import context_parallel_attention
 from .torch_ops import _is_compiling, use_custom_ops
@@ -335,7 +335,7 @@ class DotProductAttention(torch.nn.Module):
                            q.get_device(), k.get_device(), v.get_device(), policy_token(), state, recorded)  # fmt: skip
                     entry = _LEAN.find(sig)
                     if entry is not None:
-                        return lean_attention(entry, q, k, v) if recorded else LeanDoor.run(entry, q, k, v)
+                        return lean_attention(entry, q, k, v) if recorded else run_inference(entry, q, k, v)
             except (AttributeError, TypeError, MisalignedError):  # the full path below names what is wrong
                 sig = None
         prepared: list = []  # the prepared forward, for the cached path

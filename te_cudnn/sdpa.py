@@ -17,7 +17,7 @@ import torch
 
 from .autograd import AttnOptions, attend, lean_attention
 from .errors import MisalignedError, UnsupportedConfigError
-from .lean import LeanDoor, policy_token, wants_grad
+from .lean import LeanDoor, policy_token, run_inference, wants_grad
 from .torch_ops import use_custom_ops
 
 __all__ = ["scaled_dot_product_attention", "mask_to_bias", "masked_value"]
@@ -377,7 +377,7 @@ def scaled_dot_product_attention(
                 sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, False)
                 entry = _LEAN.find(sig)
                 if entry is not None:
-                    return LeanDoor.run(entry, query, key, value)
+                    return run_inference(entry, query, key, value)
             elif not use_custom_ops():
                 sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, True)
                 entry = _LEAN.find(sig)

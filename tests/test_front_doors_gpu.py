@@ -89,6 +89,35 @@ def test_fused_attention_repeated_call_equals_first():
     assert torch.equal(other, direct) and not torch.equal(other, first)
 
 
+@pytest.mark.parametrize("sq,sliding_window", [(1, None), (128, None), (128, 32)])
+def test_transformers_repeated_inference_call_equals_first(sq, sliding_window, monkeypatch):
+    """The Hugging Face function's inference shortcut (decode steps, no-grad prefill): the same
+    bits as the first call, the remembered plan launched again; a misaligned query (same shape
+    and strides) goes down the full path, which names it."""
+    from te_cudnn.integrations import transformers as te_hf
+
+    hf = _HFModule().eval()
+    b, h, hk, skv, d = 2, 8, 2, 128, 64
+    q = torch.randn(b, sq, h, d, device=DEVICE, dtype=BF16).transpose(1, 2)
+    k, v = (torch.randn(b, hk, skv, d, device=DEVICE, dtype=BF16) for _ in range(2))
+    kw = {"position_ids": torch.arange(sq, device=DEVICE)[None], "use_cache": True, "sliding_window": sliding_window}
+    with torch.no_grad():
+        first, _ = te_hf.attention_forward(hf, q, k, v, None, scaling=d ** -0.5, **kw)
+        with monkeypatch.context() as patched:  # the shortcut validates nothing again
+            patched.setattr(te_hf, "_check_qkv", lambda *a: pytest.fail("the repeated call took the full path"))
+            again, _ = te_hf.attention_forward(hf, q, k, v, None, scaling=d ** -0.5, **kw)
+        buf = torch.empty(q.numel() + 8, device=DEVICE, dtype=BF16)
+        q_off = buf[1:1 + q.numel()].view(b, sq, h, d).copy_(q.transpose(1, 2)).transpose(1, 2)
+        with pytest.raises(tc.MisalignedError, match=r"q \(data_ptr % 16 = 2\)"):  # the full path's error
+            te_hf.attention_forward(hf, q_off, k, v, None, scaling=d ** -0.5, **kw)
+        window = (sliding_window - 1, 0) if sliding_window and sq > 1 else (-1, -1)
+        ref = tc.scaled_dot_product_attention(q, k, v, is_causal=sq > 1, enable_gqa=True) if window == (-1, -1) else \
+            tc.fused_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask_type="causal",
+                               window_size=window, attn_scale=d ** -0.5)  # fmt: skip
+    assert torch.equal(first, again) and first.stride() == again.stride() and first.shape == (b, sq, h, d)
+    assert rel_error(first.float(), ref.transpose(1, 2).float() if window == (-1, -1) else ref.float()) < 1e-2
+
+
 @pytest.mark.parametrize("bshd_memory", [False, True])
 def test_gradients_in_the_inputs_strides(bshd_memory):
     q, k, v = (_bhsd(bshd_memory=bshd_memory).requires_grad_() for _ in range(3))

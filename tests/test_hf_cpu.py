@@ -285,3 +285,77 @@ def test_cpu_forward_raises_cuda_only():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="executes on CUDA devices"):
         te_hf.attention_forward(Module(), q, k, v, None)
+
+
+# ------------------------------------------------------------------ the inference shortcut
+
+
+class _LaunchRecorder:
+    """Stands in for te_cudnn.launch.launch in the shortcut's routing tests: records the
+    pointers a launch would read (no cuDNN call, no result)."""
+
+    def __init__(self):
+        self.ptrs: list[tuple[int, ...]] = []
+
+    def __call__(self, plan, ptrs, index):
+        self.ptrs.append(tuple(ptrs))
+
+
+@pytest.fixture
+def remembered(monkeypatch):
+    """A remembered inference entry for ``_qkv(sq=1, skv=9)`` decode calls (scale 0.125), as the
+    first CUDA call of that signature leaves it: the routing tests' stand-in prepared forward
+    (a plan launched from pointers, no stats), the output template, a launch recorder."""
+    import types
+
+    import te_cudnn.lean as lean_mod
+    from te_cudnn.sdpa import _lean_sig
+
+    q, k, v = _qkv(sq=1, skv=9)
+    out = torch.empty(2, 1, 4, 32, dtype=BF16)
+    plan = types.SimpleNamespace(evicted=False, hits=0, last_used=0, launch=types.SimpleNamespace(mode="raw"))
+    prep = types.SimpleNamespace(plan=plan, stats_template=None, index=0)
+    launches = _LaunchRecorder()
+    monkeypatch.setattr(lean_mod, "_launch", launches)
+    te_hf._LEAN.memo.remember(_lean_sig(q, k, v, False, 0.125, None, False), (prep, out), nbytes=0)
+    yield (q, k, v), out, plan, launches
+    te_hf._LEAN.memo.clear()
+
+
+def test_inference_shortcut_launches_the_remembered_plan(remembered, recorder):
+    (q, k, v), template, plan, launches = remembered
+    with torch.no_grad():
+        out, weights = te_hf.attention_forward(Module(), q, k, v, None, dropout=0.0, scaling=0.125,
+                                               position_ids=torch.arange(1)[None], use_cache=True)  # fmt: skip
+    assert weights is None and not recorder.calls and plan.hits == 1 and plan.last_used > 0
+    assert out.shape == template.shape and out.stride() == template.stride() and out.data_ptr() != template.data_ptr()
+    assert launches.ptrs == [(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())]
+
+
+@pytest.mark.parametrize("name,alternative", [("softcap", "eager"), ("head_mask", "eager"), ("cache", "sdpa")])
+def test_inference_shortcut_keeps_the_unsupported_kwargs_errors(remembered, name, alternative):
+    (q, k, v), _, _, launches = remembered
+    with torch.no_grad(), pytest.raises(UnsupportedConfigError, match=f"attn_implementation='{alternative}'"):
+        te_hf.attention_forward(Module(), q, k, v, None, scaling=0.125, **{name: 30.0})
+    assert not launches.ptrs
+
+
+def test_inference_shortcut_is_not_taken_for_autograd_dropout_or_another_signature(remembered, recorder):
+    (q, k, v), _, _, launches = remembered
+    te_hf.attention_forward(Module(), q.clone().requires_grad_(), k, v, None, scaling=0.125)  # autograd records it
+    with torch.no_grad():
+        te_hf.attention_forward(Module(training=True), q, k, v, None, dropout=0.1, scaling=0.125)
+        te_hf.attention_forward(Module(), q, k, v, None, scaling=0.25)
+        te_hf.attention_forward(Module(), q, k[:, :, :8], v[:, :, :8], None, scaling=0.125)
+    assert not launches.ptrs and len(recorder.calls) == 4
+    assert recorder.calls[1][1]["dropout"] == 0.1
+
+
+def test_inference_shortcut_sends_a_misaligned_input_down_the_full_path(remembered, recorder):
+    (q, k, v), _, _, launches = remembered
+    buf = torch.empty(q.numel() + 8, dtype=BF16)
+    q_off = buf[1:1 + q.numel()].view(2, 1, 4, 32).transpose(1, 2)  # q's shape and strides, 2 bytes off
+    assert q_off.stride() == q.stride() and q_off.data_ptr() % 16
+    with torch.no_grad():
+        out, _ = te_hf.attention_forward(Module(), q_off, k, v, None, scaling=0.125)
+    assert not launches.ptrs and len(recorder.calls) == 1 and (out == 1).all()  # the full path's answer

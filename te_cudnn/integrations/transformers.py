@@ -27,8 +27,8 @@ import torch
 
 from ..errors import MisalignedError, UnsupportedConfigError
 from ..autograd import lean_attention
-from ..lean import LeanDoor, as_is, wants_grad
-from ..torch_ops import use_custom_ops
+from ..lean import LeanDoor, as_is, run_inference, wants_grad
+from ..torch_ops import _is_compiling, use_custom_ops
 from ..sdpa import (
     _attention_bshd,
     _options,
@@ -61,6 +61,10 @@ _UNSUPPORTED = {
     "cache": "paged attention caches (continuous batching) are not supported; use attn_implementation='sdpa' "
              "for continuous batching",
 }
+#: kwargs transformers passes that the mask or the cache already encode (``sliding_window`` is
+#: applied natively when no mask came): calls with no others take the inference shortcut
+_INERT_KWARGS = frozenset({"position_ids", "use_cache", "cache_position", "sliding_window"})
+_grad_enabled = torch.is_grad_enabled
 _warned: set[str] = set()
 
 
@@ -157,6 +161,19 @@ def attention_forward(
     Masks cost a bias tensor (see :func:`te_cudnn.scaled_dot_product_attention`), built once
     per forward for all layers.
     """
+    if attention_mask is None and _INERT_KWARGS.issuperset(kwargs) and not (dropout and getattr(module, "training", True)) \
+            and not _grad_enabled() and not _is_compiling():  # fmt: skip
+        # an inference call (every decode step): a remembered signature goes from here to the launch
+        try:
+            sq = query.shape[2]
+            causal = sq > 1 and bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+            if not (causal and key.shape[2] > sq):  # else the keys are sliced below
+                window = _window(kwargs.get("sliding_window"), key.shape[2]) if causal else None
+                entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, False))
+                if entry is not None:
+                    return run_inference(entry, query, key, value), None
+        except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
+            pass
     for name, why in _UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             summary = f"attn_implementation te_cudnn on {type(module).__name__} with {name}"
@@ -177,10 +194,7 @@ def attention_forward(
         if position_bias is not None:
             position_bias = position_bias[..., :sq]
     skv = key.shape[2]
-    sliding_window = kwargs.get("sliding_window")
-    window = None
-    if attention_mask is None and is_causal and isinstance(sliding_window, int) and 0 < sliding_window < skv:
-        window = (sliding_window - 1, 0)  # transformers: key j is seen from query i when i - window < j <= i
+    window = _window(kwargs.get("sliding_window"), skv) if is_causal else None  # is_causal: no mask
     s_aux = kwargs.get("s_aux")
     training = getattr(module, "training", True)
     sig = recorded = None
@@ -191,7 +205,7 @@ def attention_forward(
                 sig = _lean_sig(query, key, value, is_causal, scaling, window, False)
                 entry = _LEAN.find(sig)
                 if entry is not None:
-                    return LeanDoor.run(entry, query, key, value), None
+                    return run_inference(entry, query, key, value), None
             elif not use_custom_ops():
                 sig = _lean_sig(query, key, value, is_causal, scaling, window, True)
                 entry = _LEAN.find(sig)
@@ -239,6 +253,14 @@ def attention_forward(
 
 
 _LEAN = LeanDoor()
+
+
+def _window(sliding_window: Any, skv: int) -> Optional[tuple[int, int]]:
+    """The causal call's ``window_size`` for transformers' ``sliding_window`` (None when it
+    covers every key). transformers: key j is seen from query i when i - window < j <= i."""
+    if isinstance(sliding_window, int) and 0 < sliding_window < skv:
+        return (sliding_window - 1, 0)
+    return None
 
 
 def _sink_logits(s_aux: Any, h: int) -> torch.Tensor:
