@@ -24,6 +24,48 @@ def test_alternating_takes_turns_first_alternating_and_pairs_the_samples(no_sync
     assert medians == {"sdpa": 1.0, "te_cudnn": 1.0}
 
 
+def test_alternating_runs_each_prepare_untimed_before_its_function(no_sync, monkeypatch):
+    calls, clock = [], iter(range(1000))
+    monkeypatch.setattr(front_doors.time, "perf_counter", lambda: float(next(clock)))
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    prepare = {"a": lambda: calls.append("use a")}  # "b" needs none
+    paired: dict = {}
+    front_doors._alternating(fns, 2, paired, prepare)
+    assert calls == ["use a", "a", "b"] + ["use a", "a", "b", "b", "use a", "a"]
+    assert paired == {"a": [1.0, 1.0], "b": [1.0, 1.0]}  # the clock ticks around the calls only
+
+
+def test_python_node_control_is_sdpa_plus_one_python_node_per_layer():
+    """The training-step control: the same output and gradients as transformers' sdpa, with one
+    more autograd node per layer, written in Python."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    name = front_doors._python_node_sdpa(front_doors._transformers())
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa"))
+    ids = torch.randint(0, 50, (2, 7))
+    results = {}
+    for impl in ("sdpa", name):
+        model.set_attn_implementation(impl)
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids).loss
+        nodes, todo = set(), [loss.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in nodes:
+                nodes.add(node)
+                todo += [n for n, _ in node.next_functions]
+        loss.backward()
+        results[impl] = (loss.detach(), [p.grad.clone() for p in model.parameters()],
+                         sum(type(n).__name__ == "_PythonNodeBackward" for n in nodes))  # fmt: skip
+    assert torch.equal(results["sdpa"][0], results[name][0])
+    assert all(torch.equal(a, b) for a, b in zip(results["sdpa"][1], results[name][1]))
+    assert (results["sdpa"][2], results[name][2]) == (0, cfg["num_hidden_layers"])
+
+
 def test_report_gives_the_paired_ratios_with_their_intervals():
     res = {
         "device": "a GPU",
@@ -38,6 +80,18 @@ def test_report_gives_the_paired_ratios_with_their_intervals():
     assert "| b=1 | BHSD leaves | 1.000 | 1.000 | 0.990 | 0.970–1.010 |  |  |  |" in md
     assert "| prefill ms | 20.0 | 19.0 | 0.950 | 0.950 (0.900–0.990) |" in md
     assert "| generate error | x | None | | |" in md
+    assert "Controls" not in md  # none measured
+
+
+def test_report_lists_the_controls_of_the_switched_measures():
+    controls = {"training step ms": {"sdpa, again / sdpa": [1.001, 0.998, 1.004],
+                                     "sdpa + one Python autograd node / sdpa": [1.009, 1.005, 1.013]}}  # fmt: skip
+    res = {"device": "a GPU", "host": {}, "fwd_bwd": [],
+           "hf": {"model": "m", "sdpa": {"training step ms": 70.0}, "te_cudnn": {"training step ms": 70.7},
+                  "controls, paired by turn (median, 95 % interval)": controls}}  # fmt: skip
+    md = front_doors._markdown(res)
+    assert "| training step ms | sdpa, again / sdpa | 1.001 (0.998–1.004) |" in md
+    assert "| training step ms | sdpa + one Python autograd node / sdpa | 1.009 (1.005–1.013) |" in md
 
 
 def test_report_gives_the_paced_columns_beside_the_back_to_back_ones():

@@ -11,8 +11,10 @@
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
   with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`;
   dynamic-cache decode steps also in lockstep, :func:`_lockstep`), prefill and one training
-  step, te_cudnn against ``sdpa``, the two models taking turns call by call (host time drifts;
-  see :func:`_alternating`).
+  step, te_cudnn against ``sdpa``, taking turns call by call (host time drifts; see
+  :func:`_alternating`): for generate, two models; for prefill and the training step, one
+  model whose attention implementation is switched between calls, with two controls (``sdpa``
+  against itself, and ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -186,17 +188,24 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None) -> dict[str, float]:
+def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None,
+                 prepare: Optional[dict[str, Callable[[], Any]]] = None) -> dict[str, float]:  # fmt: skip
     """Median seconds per call of each function after one warm-up call each, the functions
     taking turns call by call (the first of a turn alternating), so that a slow spell of the
-    host falls on all of them alike. ``paired`` receives the per-turn samples."""
-    for fn in fns.values():
+    host falls on all of them alike. ``paired`` receives the per-turn samples; ``prepare``'s
+    function of a name, if any, runs untimed before each of that name's calls."""
+    prepare = prepare or {}
+    for name, fn in fns.items():
+        if name in prepare:
+            prepare[name]()
         fn()
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {name: [] for name in fns}
     turn = list(fns.items())
     for _ in range(reps):
         for name, fn in turn:
+            if name in prepare:
+                prepare[name]()
             t0 = time.perf_counter()
             fn()
             torch.cuda.synchronize()
@@ -258,8 +267,10 @@ def _lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int
 
 
 def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6) -> dict[str, Any]:
-    """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa:
-    both models are built first and every measure alternates between them."""
+    """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa.
+    Both models are built first and the generate measures alternate between them; prefill and
+    the training step then alternate implementations on the sdpa model (see the controls in
+    the report)."""
     transformers = _transformers()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
     te_hf.register()
@@ -292,6 +303,19 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         if paired is not None:
             intervals[measure] = list(paired)
 
+    controls: dict[str, dict[str, list[float]]] = {}
+
+    def switched(measure: str, fns: dict[str, Callable[[], Any]], reps: int, switch: dict) -> None:
+        """:func:`record` for contenders that share one model (``switch`` selects each one's
+        implementation, untimed), with the controls' paired ratios."""
+        samples: dict[str, list[float]] = {}
+        for impl, sec in _alternating(fns, reps, samples, switch).items():
+            r.setdefault(impl, {})[measure] = sec * 1e3
+        intervals[measure] = list(paired_ratio(samples["te_cudnn"], samples["sdpa"]))
+        pairs = [(_AGAIN, "sdpa"), (_NODE, "sdpa"), ("te_cudnn", _NODE)]
+        controls[measure] = {f"{a} / {b}": list(paired_ratio(samples[a], samples[b])) for a, b in pairs
+                             if a in samples and b in samples}  # fmt: skip
+
     for b in (4, 1):
         ids = torch.randint(0, 32000, (b, prompt), device="cuda")
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
@@ -319,27 +343,70 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
             except Exception as exc:  # noqa: BLE001 - reported
                 for impl in models:
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
+    models.pop("te_cudnn")
+    # Prefill and the training step: one model whose attention implementation changes call by
+    # call, so that every contender runs the same weights from the same memory. Controls: sdpa
+    # against itself (the measure's own spread) and, in training, sdpa with one Python autograd
+    # node added per layer (see _python_node_sdpa).
+    model, name = models["sdpa"], _python_node_sdpa(transformers)
+    impls = {"sdpa": "sdpa", "te_cudnn": "te_cudnn", _AGAIN: "sdpa", _NODE: name}
+    switch = {label: (lambda impl=impl: model.set_attn_implementation(impl)) for label, impl in impls.items()}
     ids = torch.randint(0, 32000, (1, 4096), device="cuda")
+    model.eval()
     with torch.no_grad():
-        record("prefill b=1 s=4096 ms", {i: (lambda m=m: m(ids)) for i, m in models.items()}, 41,
-               lambda sec: sec * 1e3)
+        labels = ("sdpa", "te_cudnn", _AGAIN)
+        switched("prefill b=1 s=4096 ms", {i: (lambda: model(ids)) for i in labels}, 61, switch)
     ids = torch.randint(0, 32000, (2, 2048), device="cuda")
 
-    def step(model):
+    def step():
         model(ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    for model in models.values():
-        model.train()
-    record("training step b=2 s=2048 ms", {i: (lambda m=m: step(m)) for i, m in models.items()}, 21,
-           lambda sec: sec * 1e3)
-    models = None
+    model.train()
+    switched("training step b=2 s=2048 ms", {i: step for i in impls}, 31, switch)
+    models = model = None
     torch.cuda.empty_cache()
     res.update(r)
     res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
                                if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip
     res["te_cudnn vs sdpa, paired by turn (median, 95 % interval)"] = intervals
+    res["controls, paired by turn (median, 95 % interval)"] = controls
     return res
+
+
+_AGAIN = "sdpa, again"
+_NODE = "sdpa + one Python autograd node"
+
+
+class _PythonNode(torch.autograd.Function):
+    """The identity as an autograd node written in Python: no kernel, only the node."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _python_node_sdpa(transformers) -> str:
+    """Register (under the returned name) transformers' sdpa attention with its output passed
+    through :class:`_PythonNode`: the same kernels as ``sdpa``, plus what any attention written
+    in Python pays per layer in a training step (its autograd node, run in the backward on
+    autograd's device thread)."""
+    from transformers.masking_utils import sdpa_mask  # noqa: PLC0415 - optional dependency
+
+    sdpa = transformers.integrations.sdpa_attention.sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        out, weights = sdpa(module, query, key, value, attention_mask, **kwargs)
+        return _PythonNode.apply(out), weights
+
+    name = "sdpa_python_node"
+    transformers.AttentionInterface.register(name, attention)
+    transformers.AttentionMaskInterface.register(name, sdpa_mask)
+    return name
 
 
 def _markdown(res: dict[str, Any]) -> str:
@@ -379,6 +446,16 @@ def _markdown(res: dict[str, Any]) -> str:
                 lines.append(f"| {k} | {v:.1f} | {t:.1f} | {t / v:.3f} | {turn} |")
             else:
                 lines.append(f"| {k} | {v} | {t} | | |")
+        controls = hf.get("controls, paired by turn (median, 95 % interval)", {})
+        if controls:
+            lines += ["", "Prefill and the training step run on one model whose attention implementation changes call "
+                      "by call. Controls of the same turns: `sdpa` against itself (the measure's own spread), and "
+                      "`sdpa` with one Python autograd node per layer that launches nothing (what any attention "
+                      "written in Python pays in a training step).", "",
+                      "| measure | pair | paired ratio (95 % interval) |", "|---|---|---|"]  # fmt: skip
+            for measure, pairs in controls.items():
+                for pair, (med, low, high) in pairs.items():
+                    lines.append(f"| {measure} | {pair} | {med:.3f} ({low:.3f}–{high:.3f}) |")
     return "\n".join(lines) + "\n"
 
 
