@@ -255,7 +255,7 @@ def _bshd(t: torch.Tensor, name: str) -> torch.Tensor:
         _log.debug("%s %s stride %s cannot be read by cuDNN in place (it needs a unit-stride head dim, 16-byte "
                    "multiple strides and a 16-byte aligned start): copied into a contiguous [b, s, h, d] buffer",
                    name, list(t.shape), tuple(t.stride()))  # fmt: skip
-    return view.contiguous()
+    return view.clone(memory_format=torch.contiguous_format)  # a copy also of a contiguous view with an unaligned start
 
 
 #: (causal, scale, dropout, bias, window, softmax type) -> the options of the bshd call

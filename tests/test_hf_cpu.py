@@ -353,9 +353,11 @@ def test_inference_shortcut_is_not_taken_for_autograd_dropout_or_another_signatu
 
 def test_inference_shortcut_sends_a_misaligned_input_down_the_full_path(remembered, recorder):
     (q, k, v), _, _, launches = remembered
-    buf = torch.empty(q.numel() + 8, dtype=BF16)
+    buf = torch.randn(q.numel() + 8, dtype=BF16)
     q_off = buf[1:1 + q.numel()].view(2, 1, 4, 32).transpose(1, 2)  # q's shape and strides, 2 bytes off
     assert q_off.stride() == q.stride() and q_off.data_ptr() % 16
     with torch.no_grad():
         out, _ = te_hf.attention_forward(Module(), q_off, k, v, None, scaling=0.125)
     assert not launches.ptrs and len(recorder.calls) == 1 and (out == 1).all()  # the full path's answer
+    q_read = recorder.calls[0][0][0]  # the full path copies the unaligned start (its [b, s, h, d] view is contiguous)
+    assert q_read.data_ptr() % 16 == 0 and torch.equal(q_read, q_off.transpose(1, 2))

@@ -264,6 +264,19 @@ def test_unreadable_inputs_are_copied_and_logged(recorder, caplog):
     assert "key [2, 4, 7, 64]" in caplog.text and "value" not in caplog.text
 
 
+def test_unaligned_start_of_a_bshd_buffer_is_copied(recorder):
+    """A [b, h, s, d] view of [b, s, h, d] memory (a projection's output, as transformers passes
+    it) whose start is off 16 bytes: its [b, s, h, d] view is contiguous, and still copied."""
+    q, k, v = _qkv()
+    flat = torch.randn(q.numel() + 1, dtype=BF16)
+    b, h, s, d = q.shape
+    unaligned = flat[1:].view(b, s, h, d).transpose(1, 2)
+    assert unaligned.transpose(1, 2).is_contiguous() and unaligned.data_ptr() % 16
+    scaled_dot_product_attention(unaligned, k, v)
+    (rq, _, _), _ = recorder.last
+    assert rq.data_ptr() % 16 == 0 and torch.equal(rq, unaligned.transpose(1, 2))
+
+
 def test_options_reach_fused_attention(recorder):
     q, k, v = _qkv(h=8, hk=2)
     scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
