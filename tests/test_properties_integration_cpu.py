@@ -759,6 +759,22 @@ def _m_cross_single_mask(draw, c: FwdCase) -> bool:
     return True
 
 
+def _replace_q_mask(c: FwdCase, bad: torch.Tensor) -> bool:
+    """Put ``bad`` where the case's query padding mask is (alone, or first of a (q, kv) pair);
+    False when an earlier mutation left no mask there to replace (the junk of
+    :func:`_m_padding_mask_junk`: a 1-tuple, an empty tuple, a list, an int)."""
+    m = c.kw["attention_mask"]
+    if isinstance(m, tuple):
+        if len(m) != 2:
+            return False
+        c.kw["attention_mask"] = (bad, m[1])
+    elif isinstance(m, torch.Tensor):
+        c.kw["attention_mask"] = bad
+    else:
+        return False
+    return True
+
+
 def _m_padding_mask_bad(draw, c: FwdCase) -> bool:
     if not _mask_path(c):
         return False
@@ -770,8 +786,8 @@ def _m_padding_mask_bad(draw, c: FwdCase) -> bool:
     # with sq = 1 a [b, 1, sq, sq] bool mask is the well-formed [b, 1, 1, sq] one (seed 1923347629)
     well_formed = ((b, 1, 1, sq), torch.bool)
     bad = draw(st.sampled_from([t for t in candidates if (tuple(t.shape), t.dtype) != well_formed])).to(c.device)
-    m = c.kw["attention_mask"]
-    c.kw["attention_mask"] = (bad, m[1]) if isinstance(m, tuple) else bad
+    if not _replace_q_mask(c, bad):
+        return False
     c.error("padding-mask-malformed", {"attention_mask"})
     return True
 
@@ -791,8 +807,8 @@ def _m_padding_mask_batch(draw, c: FwdCase) -> bool:
         return False
     b, sq, *_ = c.dims
     bad = _padding_mask([sq] * (b + 1), sq, c.device)
-    m = c.kw["attention_mask"]
-    c.kw["attention_mask"] = (bad, m[1]) if isinstance(m, tuple) else bad
+    if not _replace_q_mask(c, bad):
+        return False
     c.error("padding-mask-batch", {"attention_mask", "cu_seqlens_q", "cu_seqlens_kv"})
     return True
 
@@ -802,8 +818,8 @@ def _m_padding_mask_length(draw, c: FwdCase) -> bool:
         return False
     b, sq, *_ = c.dims
     bad = _padding_mask([sq + 8] * b, sq + 8, c.device)  # more positions (and tokens) than q has
-    m = c.kw["attention_mask"]
-    c.kw["attention_mask"] = (bad, m[1]) if isinstance(m, tuple) else bad
+    if not _replace_q_mask(c, bad):
+        return False
     c.error("padding-mask-length", {"attention_mask"}, "padding-mask-length-unchecked")
     return True
 
