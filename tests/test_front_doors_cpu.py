@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from te_cudnn.benchmark import front_doors
+from te_cudnn.benchmark import front_doors, turns
 
 
 @pytest.fixture
 def no_sync(monkeypatch):
-    monkeypatch.setattr(front_doors.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(turns.torch.cuda, "synchronize", lambda: None)
 
 
 def test_alternating_takes_turns_first_alternating_and_pairs_the_samples(no_sync, monkeypatch):
     calls, clock = [], iter(range(1000))
-    monkeypatch.setattr(front_doors.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: float(next(clock)))
     fns = {"sdpa": lambda: calls.append("sdpa"), "te_cudnn": lambda: calls.append("te_cudnn")}
     paired: dict = {}
-    medians = front_doors._alternating(fns, 3, paired)
+    medians = turns.alternating(fns, 3, paired)
     assert calls == ["sdpa", "te_cudnn"] + ["sdpa", "te_cudnn", "te_cudnn", "sdpa", "sdpa", "te_cudnn"]
     assert paired == {"sdpa": [1.0] * 3, "te_cudnn": [1.0] * 3}  # one clock tick per timed call
     assert medians == {"sdpa": 1.0, "te_cudnn": 1.0}
@@ -26,11 +26,11 @@ def test_alternating_takes_turns_first_alternating_and_pairs_the_samples(no_sync
 
 def test_alternating_runs_each_prepare_untimed_before_its_function(no_sync, monkeypatch):
     calls, clock = [], iter(range(1000))
-    monkeypatch.setattr(front_doors.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: float(next(clock)))
     fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     prepare = {"a": lambda: calls.append("use a")}  # "b" needs none
     paired: dict = {}
-    front_doors._alternating(fns, 2, paired, prepare)
+    turns.alternating(fns, 2, paired, prepare)
     assert calls == ["use a", "a", "b"] + ["use a", "a", "b", "b", "use a", "a"]
     assert paired == {"a": [1.0, 1.0], "b": [1.0, 1.0]}  # the clock ticks around the calls only
 
@@ -133,8 +133,8 @@ def test_queued_ms_times_the_calls_and_the_host_and_spins_only_when_asked(monkey
 
 def test_step_clock_keeps_the_median_interval_between_new_tokens(monkeypatch):
     clock = iter([0.0, 5.0, 5.1, 5.3, 5.4, 9.0])  # the prompt, then five tokens (one slow step)
-    monkeypatch.setattr(front_doors.time, "perf_counter", lambda: next(clock))
-    steps = front_doors._StepClock()
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: next(clock))
+    steps = turns.StepClock()
     for _ in range(6):
         steps.put(None)
     steps.end()
@@ -143,10 +143,32 @@ def test_step_clock_keeps_the_median_interval_between_new_tokens(monkeypatch):
     assert len(steps.medians) == 1 and steps.stamps == []
 
 
-def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
-    """Two tiny Llama models on the CPU: the lockstep loop alternates them step by step (the
-    first of a turn alternating), times every step of the timed rounds, and its tokens are
-    those of greedy ``generate``."""
+def test_turns_alternate_the_first_of_a_turn_and_skip_the_finished():
+    t = turns.Turns(["a", "b", "c"])
+    order = []
+    for _ in range(7):
+        order.append(t._holder())
+        t.hand_on(order[-1])
+    assert order == ["a", "b", "c", "c", "b", "a", "a"]  # a b c | c b a | a ...
+    t.hand_on("a", finished=True)  # out of turn ("b" holds it): "a" only leaves the order
+    order = []
+    for _ in range(5):
+        order.append(t._holder())
+        t.hand_on(order[-1])
+    assert order == ["b", "c", "c", "b", "b"]  # b c | c b (a) | (a) b ...
+
+
+def test_turns_wait_gives_up_on_a_partner_that_never_hands_on(monkeypatch):
+    monkeypatch.setattr(turns, "TURN_TIMEOUT_S", 0.01)
+    t = turns.Turns(["a", "b"])
+    with pytest.raises(TimeoutError, match=r"b waited .* \(held by a\)"):
+        t.wait("b")
+
+
+def test_generate_in_turns_runs_the_calls_in_lockstep_and_pairs_them():
+    """Two tiny Llama models on the CPU: their ``generate`` calls, each in its own thread, take
+    turns token by token (the first of a round alternating); every timed call and its decode
+    steps are timed, and the outputs are those of ``generate`` called alone."""
     transformers = pytest.importorskip("transformers")
     import torch
 
@@ -159,13 +181,39 @@ def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
     for name, model in models.items():
         model.register_forward_pre_hook(lambda mod, args, name=name: order.append(name))
     ids = torch.randint(0, 50, (2, 5))
-    with torch.no_grad():
-        seconds, tokens = front_doors._lockstep(models, ids, steps=4, rounds=2)
-        expected = {name: m.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False)[:, 6:]
-                    for name, m in models.items()}  # fmt: skip
-    assert {name: len(s) for name, s in seconds.items()} == {"sdpa": 8, "te_cudnn": 8}
-    assert all(s > 0 for secs in seconds.values() for s in secs)
-    per_round = ["sdpa", "te_cudnn"] + ["sdpa", "te_cudnn", "te_cudnn", "sdpa"] * 2  # the prompts, then the steps
-    assert order[:len(per_round) * 3] == per_round * 3  # the untimed round and two timed ones
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    calls, steps, outputs = turns.generate_in_turns(models, ids, rounds=2, **kw)
+    expected = {name: m.generate(ids, **kw) for name, m in models.items()}
+    assert {name: len(c) for name, c in calls.items()} == {"sdpa": 2, "te_cudnn": 2}
+    assert {name: len(s) for name, s in steps.items()} == {"sdpa": 6, "te_cudnn": 6}  # tokens 2-4, two rounds
+    assert all(x > 0 for d in (calls, steps) for xs in d.values() for x in xs)
+    assert all(calls[name][r] > sum(steps[name][3 * r:3 * r + 3]) for name in models for r in range(2))
+    # four forwards per call (the prompt, then three steps); the turn reverses after each pair of
+    # stretches, and the first stretch (set-up) runs no forward
+    first = ["te_cudnn", "sdpa", "sdpa", "te_cudnn", "te_cudnn", "sdpa", "sdpa", "te_cudnn"]
+    second = ["sdpa", "te_cudnn", "te_cudnn", "sdpa", "sdpa", "te_cudnn", "te_cudnn", "sdpa"]
+    assert order[:24] == first + second + first  # the untimed round, then two timed ones
     for name in models:
-        assert torch.equal(tokens[name], expected[name]), name
+        assert torch.equal(outputs[name], expected[name]), name
+
+
+def test_generate_in_turns_raises_a_partner_failure_and_lets_the_other_finish():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)  # fmt: skip
+    good = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    bad = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    calls = []
+
+    def boom(mod, args):
+        calls.append("bad")
+        if len(calls) == 2:
+            raise ValueError("broken model")
+
+    bad.register_forward_pre_hook(boom)
+    ids = torch.randint(0, 50, (1, 5))
+    with pytest.raises(RuntimeError, match="generate of 'bad' failed in turns: broken model"):
+        turns.generate_in_turns({"good": good, "bad": bad}, ids, rounds=1, max_new_tokens=4, min_new_tokens=4,
+                                do_sample=False)  # fmt: skip

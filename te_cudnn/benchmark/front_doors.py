@@ -9,12 +9,14 @@
   run back to back, and the time and host µs of steps at the host's pace;
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
-  with ``mode="reduce-overhead"`` (whole calls, and decode steps alone: :class:`_StepClock`;
-  dynamic-cache decode steps also in lockstep, :func:`_lockstep`), prefill and one training
-  step, te_cudnn against ``sdpa``, taking turns call by call (host time drifts; see
-  :func:`_alternating`): for generate, two models; for prefill and the training step, one
-  model whose attention implementation is switched between calls, with two controls (``sdpa``
-  against itself, and ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
+  with ``mode="reduce-overhead"`` (whole calls taking turns call by call, and their decode
+  steps alone), the dynamic cache's ``generate`` calls also in lockstep (two threads handing
+  on at every token: :func:`te_cudnn.benchmark.turns.generate_in_turns`), prefill and one
+  training step, te_cudnn against ``sdpa`` (host time drifts; see
+  :mod:`te_cudnn.benchmark.turns`): for generate, two models; for prefill and the training
+  step, one model whose attention implementation is switched between calls, with two controls
+  (``sdpa`` against itself, and ``sdpa`` plus one Python autograd node per layer:
+  :func:`_python_node_sdpa`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -45,6 +47,7 @@ from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
 from .chart import pyplot
 from .environment import environment
 from .ratios import paired_ratio
+from .turns import StepClock, alternating, generate_in_turns
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -188,85 +191,7 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def _alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None,
-                 prepare: Optional[dict[str, Callable[[], Any]]] = None) -> dict[str, float]:  # fmt: skip
-    """Median seconds per call of each function after one warm-up call each, the functions
-    taking turns call by call (the first of a turn alternating), so that a slow spell of the
-    host falls on all of them alike. ``paired`` receives the per-turn samples; ``prepare``'s
-    function of a name, if any, runs untimed before each of that name's calls."""
-    prepare = prepare or {}
-    for name, fn in fns.items():
-        if name in prepare:
-            prepare[name]()
-        fn()
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    turn = list(fns.items())
-    for _ in range(reps):
-        for name, fn in turn:
-            if name in prepare:
-                prepare[name]()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - t0)
-        turn.reverse()
-    if paired is not None:
-        paired.update(times)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-class _StepClock:
-    """A ``generate`` streamer that times the decode steps: transformers hands it the prompt,
-    then each new token as its step ends; at the end of a call it keeps the median interval
-    between new tokens. That median leaves out the prefill and the host's occasional stalls,
-    which make whole-call times of host-bound decoding vary by ±15 % from call to call."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-        self.medians: list[float] = []
-
-    def put(self, value: Any) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        steps = [b - a for a, b in zip(self.stamps[1:], self.stamps[2:])]  # stamps[0]: the prompt
-        if steps:
-            self.medians.append(statistics.median(steps))
-        self.stamps = []
-
-
-def _lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int) -> tuple[dict, dict]:
-    """Greedy decode steps of each model with its own dynamic cache, the models taking turns
-    step by step (the first of a turn alternating), so that the host's slow spells, which move
-    whole ``generate`` calls by several per cent, fall on both sides of a pair. Every step ends
-    on its new token's value on the host, as ``generate``'s stopping check does. One untimed
-    round first (plans and allocator warm). Returns ``(seconds per step, tokens)``: ``rounds *
-    steps`` samples per model, paired by position, and each model's ``[b, steps]`` tokens of
-    the last round."""
-    seconds: dict[str, list[float]] = {name: [] for name in models}
-    tokens: dict[str, torch.Tensor] = {}
-    for r in range(rounds + 1):
-        caches, last, made = {}, {}, {name: [] for name in models}
-        for name, model in models.items():
-            out = model(ids, use_cache=True)
-            caches[name], last[name] = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        turn = list(models)
-        for _ in range(steps):
-            for name in turn:
-                t0 = time.perf_counter()
-                out = models[name](last[name], past_key_values=caches[name], use_cache=True)
-                last[name] = out.logits[:, -1:].argmax(-1)
-                bool((last[name] < 0).any())  # the token on the host: the step is done
-                if r:
-                    seconds[name].append(time.perf_counter() - t0)
-                made[name].append(last[name])
-            turn.reverse()
-        tokens = {name: torch.cat(t, dim=1) for name, t in made.items()}
-    return seconds, tokens
-
-
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 9) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa.
     Both models are built first and the generate measures alternate between them; prefill and
     the training step then alternate implementations on the sdpa model (see the controls in
@@ -288,15 +213,15 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
 
     def record(measure: str, fns: dict[str, Callable[[], Any]], reps: int, per: Callable[[float], float]) -> None:
         samples: dict[str, list[float]] = {}
-        for impl, sec in _alternating(fns, reps, samples).items():
+        for impl, sec in alternating(fns, reps, samples).items():
             r[impl][measure] = per(sec)
         paired = paired_ratio([per(x) for x in samples["te_cudnn"]], [per(x) for x in samples["sdpa"]])
         if paired is not None:
             intervals[measure] = list(paired)
 
-    def record_rates(measure: str, seconds: dict[str, list[float]], b: int) -> None:
-        """Decode tokens/s from seconds per step, paired sample by sample."""
-        samples = {impl: [b / sec for sec in secs] for impl, secs in seconds.items()}
+    def record_rates(measure: str, seconds: dict[str, list[float]], tokens: int) -> None:
+        """Tokens/s from seconds per sample of ``tokens`` tokens, paired sample by sample."""
+        samples = {impl: [tokens / sec for sec in secs] for impl, secs in seconds.items()}
         for impl, rates in samples.items():
             r[impl][measure] = statistics.median(rates)
         paired = paired_ratio(samples["te_cudnn"], samples["sdpa"])
@@ -309,7 +234,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         """:func:`record` for contenders that share one model (``switch`` selects each one's
         implementation, untimed), with the controls' paired ratios."""
         samples: dict[str, list[float]] = {}
-        for impl, sec in _alternating(fns, reps, samples, switch).items():
+        for impl, sec in alternating(fns, reps, samples, switch).items():
             r.setdefault(impl, {})[measure] = sec * 1e3
         intervals[measure] = list(paired_ratio(samples["te_cudnn"], samples["sdpa"]))
         pairs = [(_AGAIN, "sdpa"), (_NODE, "sdpa"), ("te_cudnn", _NODE)]
@@ -321,18 +246,20 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         rate = lambda sec, b=b: b * new_tokens / sec  # noqa: E731
         with torch.no_grad():
-            clocks = {i: _StepClock() for i in models}
+            clocks = {i: StepClock() for i in models}
             record(f"generate b={b} dynamic cache tokens/s",
                    {i: (lambda m=m, c=clocks[i]: m.generate(ids, streamer=c, **kw)) for i, m in models.items()},
                    reps, rate)  # fmt: skip
             # each generate's median step (the warm-up call's left out), then steps in lockstep
             record_rates(f"decode b={b} dynamic cache tokens/s (median step)",
                          {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
-            record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)",
-                         _lockstep(models, ids, new_tokens, lockstep_rounds)[0], b)  # fmt: skip
+            calls, steps, _ = generate_in_turns(models, ids, lockstep_rounds, **kw)
+            record_rates(f"generate b={b} dynamic cache tokens/s (calls in lockstep, paired by call)", calls,
+                         b * new_tokens)  # fmt: skip
+            record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)", steps, b)
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
-            clocks = {i: _StepClock() for i in models}
+            clocks = {i: StepClock() for i in models}
             static = {i: (lambda m=m, c=clocks[i]: m.generate(ids, cache_implementation="static", compile_config=cc,
                                                                streamer=c, **kw))
                       for i, m in models.items()}  # fmt: skip
@@ -434,8 +361,10 @@ def _markdown(res: dict[str, Any]) -> str:
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "",
-                  "Paired: the models' samples taken in turns, call by call (steps in lockstep: step by step), "
-                  "median ratio and its 95 % interval.", "",
+                  "Paired: the models' samples taken in turns, call by call, median ratio and its 95 % interval. "
+                  "In lockstep: the two models' `generate` calls run together, each in its own thread, handing on "
+                  "at every new token; a call's time is the sum of its own stretches, and samples pair call by "
+                  "call or step by step.", "",
                   "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired (95 % interval) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         paired = hf.get("te_cudnn vs sdpa, paired by turn (median, 95 % interval)", {})
