@@ -824,3 +824,16 @@ def test_report_and_runner_still_export_what_moved_to_modules_of_one_concern() -
     assert report.write_chart is chart.write_chart
     assert runner.Settings is settings_module.Settings and runner.environment is environment_module.environment
     assert runner.host_section is host_section_module.host_section
+
+
+def test_median_interval_holds_for_thousands_of_values():
+    """Exact in integers: lockstep decode pairs over a thousand steps (the binomial terms of a
+    float computation underflow past 1074 values)."""
+    import random
+
+    for n in (1143, 5000):
+        values = [float(i) for i in range(n)]
+        random.Random(n).shuffle(values)
+        low, high = report.median_interval(values)
+        assert low + high == n - 1  # symmetric order statistics
+        assert 0.45 * n < low < 0.5 * n  # within about 2 standard deviations (sqrt(n) / 2 each) of the median

@@ -4,7 +4,7 @@ distribution-free interval around a median it uses (:func:`median_interval`)."""
 from __future__ import annotations
 
 import statistics
-from math import comb
+from fractions import Fraction
 from typing import Optional
 
 #: confidence of the interval around a paired ratio
@@ -20,13 +20,15 @@ def median_interval(values: list[float], confidence: float = RATIO_CONFIDENCE) -
     n = len(xs)
     if n == 0:
         raise ValueError("median_interval needs at least one value")
-    k, tail = 0, 0.0  # tail: P(Binomial(n, 1/2) <= k - 1) = chance the median lies below x_(k)
-    term = 0.5**n
+    # tail: the number of outcomes of n fair coins with at most k - 1 heads (the chance that the
+    # median lies below x_(k), times 2**n), in integers: exact for any n (floats underflow past 1074)
+    num, den = Fraction(1 - confidence).as_integer_ratio()  # the chance allowed outside
+    k, tail, term, total = 0, 0, 1, 1 << n  # term: comb(n, k)
     while True:
-        tail_next = tail + term * comb(n, k)
-        if 2 * tail_next > 1 - confidence or k + 1 > (n + 1) // 2:
+        tail_next = tail + term
+        if 2 * tail_next * den > num * total or k + 1 > (n + 1) // 2:
             break
-        tail, k = tail_next, k + 1
+        tail, term, k = tail_next, term * (n - k) // (k + 1), k + 1
     k = max(k, 1)
     return xs[k - 1], xs[n - k]
 
