@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from te_cudnn.benchmark import front_doors, turns
@@ -177,12 +179,14 @@ def test_generate_in_turns_runs_the_calls_in_lockstep_and_pairs_them():
     torch.manual_seed(0)
     models = {name: transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa")).eval()
               for name in ("sdpa", "te_cudnn")}  # fmt: skip
-    order = []
+    order, threads = [], {name: set() for name in models}
     for name, model in models.items():
         model.register_forward_pre_hook(lambda mod, args, name=name: order.append(name))
+        model.register_forward_pre_hook(lambda mod, args, name=name: threads[name].add(threading.get_ident()))
     ids = torch.randint(0, 50, (2, 5))
     kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
     calls, steps, outputs = turns.generate_in_turns(models, ids, rounds=2, **kw)
+    ran_in = {name: set(t) for name, t in threads.items()}  # before the calls below, which run here
     expected = {name: m.generate(ids, **kw) for name, m in models.items()}
     assert {name: len(c) for name, c in calls.items()} == {"sdpa": 2, "te_cudnn": 2}
     assert {name: len(s) for name, s in steps.items()} == {"sdpa": 6, "te_cudnn": 6}  # tokens 2-4, two rounds
@@ -195,6 +199,9 @@ def test_generate_in_turns_runs_the_calls_in_lockstep_and_pairs_them():
     assert order[:24] == first + second + first  # the untimed round, then two timed ones
     for name in models:
         assert torch.equal(outputs[name], expected[name]), name
+    # one thread per model for every round (what torch keeps per thread stays warm), not the caller's
+    assert all(len(t) == 1 for t in ran_in.values()) and ran_in["sdpa"] != ran_in["te_cudnn"]
+    assert threading.get_ident() not in ran_in["sdpa"] | ran_in["te_cudnn"]
 
 
 def test_generate_in_turns_raises_a_partner_failure_and_lets_the_other_finish():

@@ -146,41 +146,49 @@ class _TurnClock:
 
 def generate_in_turns(models: dict[str, Any], ids: torch.Tensor, rounds: int,
                       **generate_kwargs: Any) -> tuple[dict[str, list[float]], dict[str, list[float]], dict]:  # fmt: skip
-    """``generate`` of every model on ``ids`` in lockstep: each call runs in its own thread and
-    hands the turn on at every new token (:class:`Turns`; the first model of a round
-    alternates). One untimed round first (plans, allocator and kernels warm). Returns
-    ``(calls, steps, outputs)``: per model, the seconds of each timed call (the sum of its own
-    stretches), the seconds of each decode step (new token 2 onwards, ``rounds * (tokens - 1)``
-    samples paired by position), and the last round's ``generate`` outputs."""
-    calls: dict[str, list[float]] = {name: [] for name in models}
-    steps: dict[str, list[float]] = {name: [] for name in models}
+    """``generate`` of every model on ``ids`` in lockstep: each model has one thread for all
+    rounds, whose calls hand the turn on at every new token (:class:`Turns`; the first model of
+    a round alternates, and a round starts when every thread is ready). One untimed round
+    first: what a thread keeps for itself (torch's cuDNN SDPA caches its graphs per thread) is
+    warm before the timed rounds, as plans and the allocator are. Returns ``(calls, steps,
+    outputs)``: per model, the seconds of each timed call (the sum of its own stretches), the
+    seconds of each decode step (new token 2 onwards, ``rounds * (tokens - 1)`` samples paired
+    by position), and the last round's ``generate`` outputs."""
+    names = list(models)
+    schedule = [Turns(names if r % 2 == 0 else names[::-1]) for r in range(rounds + 1)]
+    start = threading.Barrier(len(names), timeout=TURN_TIMEOUT_S)
+    calls: dict[str, list[float]] = {name: [] for name in names}
+    steps: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, Any] = {}
-    for r in range(rounds + 1):
-        names = list(models) if r % 2 == 0 else list(reversed(models))
-        turns = Turns(names)
-        clocks = {name: _TurnClock(name, turns) for name in names}
-        errors: dict[str, BaseException] = {}
+    errors: dict[str, BaseException] = {}
 
-        def run(name: str) -> None:
-            clock = clocks[name]
+    def run(name: str) -> None:
+        for r, turns in enumerate(schedule):
+            try:
+                start.wait()  # the previous round has ended for every thread
+            except threading.BrokenBarrierError:  # another thread failed: its error is raised
+                return
+            clock = _TurnClock(name, turns)
             try:
                 clock.start()
                 outputs[name] = models[name].generate(ids, streamer=clock, **generate_kwargs)
             except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
                 errors[name] = e
+                start.abort()
             finally:
                 clock.finish()
-
-        threads = [threading.Thread(target=run, args=(name,), name=f"generate {name}") for name in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            name, e = next(iter(errors.items()))
-            raise RuntimeError(f"generate of {name!r} failed in turns: {e}") from e
-        if r:
-            for name, clock in clocks.items():
+            if name in errors:
+                return
+            if r:
                 calls[name].append(sum(clock.stretches))
                 steps[name].extend(clock.stretches[2:-1])  # after the set-up and the prefill's token
+
+    threads = [threading.Thread(target=run, args=(name,), name=f"generate {name}") for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        name, e = next(iter(errors.items()))
+        raise RuntimeError(f"generate of {name!r} failed in turns: {e}") from e
     return calls, steps, outputs
