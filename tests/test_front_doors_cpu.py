@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from te_cudnn.benchmark import front_doors, turns
@@ -145,32 +143,10 @@ def test_step_clock_keeps_the_median_interval_between_new_tokens(monkeypatch):
     assert len(steps.medians) == 1 and steps.stamps == []
 
 
-def test_turns_alternate_the_first_of_a_turn_and_skip_the_finished():
-    t = turns.Turns(["a", "b", "c"])
-    order = []
-    for _ in range(7):
-        order.append(t._holder())
-        t.hand_on(order[-1])
-    assert order == ["a", "b", "c", "c", "b", "a", "a"]  # a b c | c b a | a ...
-    t.hand_on("a", finished=True)  # out of turn ("b" holds it): "a" only leaves the order
-    order = []
-    for _ in range(5):
-        order.append(t._holder())
-        t.hand_on(order[-1])
-    assert order == ["b", "c", "c", "b", "b"]  # b c | c b (a) | (a) b ...
-
-
-def test_turns_wait_gives_up_on_a_partner_that_never_hands_on(monkeypatch):
-    monkeypatch.setattr(turns, "TURN_TIMEOUT_S", 0.01)
-    t = turns.Turns(["a", "b"])
-    with pytest.raises(TimeoutError, match=r"b waited .* \(held by a\)"):
-        t.wait("b")
-
-
-def test_generate_in_turns_runs_the_calls_in_lockstep_and_pairs_them():
-    """Two tiny Llama models on the CPU: their ``generate`` calls, each in its own thread, take
-    turns token by token (the first of a round alternating); every timed call and its decode
-    steps are timed, and the outputs are those of ``generate`` called alone."""
+def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
+    """Two tiny Llama models on the CPU: the lockstep loop alternates them step by step (the
+    first of a turn alternating), times every step of the timed rounds, and its tokens are
+    those of greedy ``generate``."""
     transformers = pytest.importorskip("transformers")
     import torch
 
@@ -179,48 +155,17 @@ def test_generate_in_turns_runs_the_calls_in_lockstep_and_pairs_them():
     torch.manual_seed(0)
     models = {name: transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa")).eval()
               for name in ("sdpa", "te_cudnn")}  # fmt: skip
-    order, threads = [], {name: set() for name in models}
+    order = []
     for name, model in models.items():
         model.register_forward_pre_hook(lambda mod, args, name=name: order.append(name))
-        model.register_forward_pre_hook(lambda mod, args, name=name: threads[name].add(threading.get_ident()))
     ids = torch.randint(0, 50, (2, 5))
-    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    calls, steps, outputs = turns.generate_in_turns(models, ids, rounds=2, **kw)
-    ran_in = {name: set(t) for name, t in threads.items()}  # before the calls below, which run here
-    expected = {name: m.generate(ids, **kw) for name, m in models.items()}
-    assert {name: len(c) for name, c in calls.items()} == {"sdpa": 2, "te_cudnn": 2}
-    assert {name: len(s) for name, s in steps.items()} == {"sdpa": 6, "te_cudnn": 6}  # tokens 2-4, two rounds
-    assert all(x > 0 for d in (calls, steps) for xs in d.values() for x in xs)
-    assert all(calls[name][r] > sum(steps[name][3 * r:3 * r + 3]) for name in models for r in range(2))
-    # four forwards per call (the prompt, then three steps); the turn reverses after each pair of
-    # stretches, and the first stretch (set-up) runs no forward
-    first = ["te_cudnn", "sdpa", "sdpa", "te_cudnn", "te_cudnn", "sdpa", "sdpa", "te_cudnn"]
-    second = ["sdpa", "te_cudnn", "te_cudnn", "sdpa", "sdpa", "te_cudnn", "te_cudnn", "sdpa"]
-    assert order[:24] == first + second + first  # the untimed round, then two timed ones
+    with torch.no_grad():
+        seconds, tokens = turns.decode_in_lockstep(models, ids, steps=4, rounds=2)
+        expected = {name: m.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False)[:, 6:]
+                    for name, m in models.items()}  # fmt: skip
+    assert {name: len(s) for name, s in seconds.items()} == {"sdpa": 8, "te_cudnn": 8}
+    assert all(s > 0 for secs in seconds.values() for s in secs)
+    per_round = ["sdpa", "te_cudnn"] + ["sdpa", "te_cudnn", "te_cudnn", "sdpa"] * 2  # the prompts, then the steps
+    assert order[:len(per_round) * 3] == per_round * 3  # the untimed round and two timed ones
     for name in models:
-        assert torch.equal(outputs[name], expected[name]), name
-    # one thread per model for every round (what torch keeps per thread stays warm), not the caller's
-    assert all(len(t) == 1 for t in ran_in.values()) and ran_in["sdpa"] != ran_in["te_cudnn"]
-    assert threading.get_ident() not in ran_in["sdpa"] | ran_in["te_cudnn"]
-
-
-def test_generate_in_turns_raises_a_partner_failure_and_lets_the_other_finish():
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)  # fmt: skip
-    good = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
-    bad = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
-    calls = []
-
-    def boom(mod, args):
-        calls.append("bad")
-        if len(calls) == 2:
-            raise ValueError("broken model")
-
-    bad.register_forward_pre_hook(boom)
-    ids = torch.randint(0, 50, (1, 5))
-    with pytest.raises(RuntimeError, match="generate of 'bad' failed in turns: broken model"):
-        turns.generate_in_turns({"good": good, "bad": bad}, ids, rounds=1, max_new_tokens=4, min_new_tokens=4,
-                                do_sample=False)  # fmt: skip
+        assert torch.equal(tokens[name], expected[name]), name

@@ -10,13 +10,11 @@
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
   with ``mode="reduce-overhead"`` (whole calls taking turns call by call, and their decode
-  steps alone), the dynamic cache's ``generate`` calls also in lockstep (two threads handing
-  on at every token: :func:`te_cudnn.benchmark.turns.generate_in_turns`), prefill and one
-  training step, te_cudnn against ``sdpa`` (host time drifts; see
-  :mod:`te_cudnn.benchmark.turns`): for generate, two models; for prefill and the training
-  step, one model whose attention implementation is switched between calls, with two controls
-  (``sdpa`` against itself, and ``sdpa`` plus one Python autograd node per layer:
-  :func:`_python_node_sdpa`).
+  steps alone), dynamic-cache decode steps also in lockstep, prefill and one training step,
+  te_cudnn against ``sdpa`` (host time drifts; see :mod:`te_cudnn.benchmark.turns`): for
+  generate, two models; for prefill and the training step, one model whose attention
+  implementation is switched between calls, with two controls (``sdpa`` against itself, and
+  ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -29,9 +27,8 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +44,7 @@ from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
 from .chart import pyplot
 from .environment import environment
 from .ratios import paired_ratio
-from .turns import StepClock, alternating, generate_in_turns
+from .turns import StepClock, alternating, decode_in_lockstep
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -191,7 +188,7 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 9) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa.
     Both models are built first and the generate measures alternate between them; prefill and
     the training step then alternate implementations on the sdpa model (see the controls in
@@ -253,10 +250,8 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
             # each generate's median step (the warm-up call's left out), then steps in lockstep
             record_rates(f"decode b={b} dynamic cache tokens/s (median step)",
                          {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
-            calls, steps, _ = generate_in_turns(models, ids, lockstep_rounds, **kw)
-            record_rates(f"generate b={b} dynamic cache tokens/s (calls in lockstep, paired by call)", calls,
-                         b * new_tokens)  # fmt: skip
-            record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)", steps, b)
+            record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)",
+                         decode_in_lockstep(models, ids, new_tokens, lockstep_rounds)[0], b)  # fmt: skip
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
             clocks = {i: StepClock() for i in models}
@@ -361,10 +356,8 @@ def _markdown(res: dict[str, Any]) -> str:
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "",
-                  "Paired: the models' samples taken in turns, call by call, median ratio and its 95 % interval. "
-                  "In lockstep: the two models' `generate` calls run together, each in its own thread, handing on "
-                  "at every new token; a call's time is the sum of its own stretches, and samples pair call by "
-                  "call or step by step.", "",
+                  "Paired: the models' samples taken in turns, call by call (steps in lockstep: step by step), "
+                  "median ratio and its 95 % interval.", "",
                   "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired (95 % interval) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         paired = hf.get("te_cudnn vs sdpa, paired by turn (median, 95 % interval)", {})
