@@ -828,7 +828,7 @@ def test_report_and_runner_still_export_what_moved_to_modules_of_one_concern() -
 
 def test_median_interval_holds_for_thousands_of_values():
     """Exact in integers: lockstep decode pairs over a thousand steps (the binomial terms of a
-    float computation underflow past 1074 values)."""
+    float computation overflow from 1032 values)."""
     import random
 
     for n in (1143, 5000):

@@ -4,7 +4,6 @@ distribution-free interval around a median it uses (:func:`median_interval`)."""
 from __future__ import annotations
 
 import statistics
-from fractions import Fraction
 from typing import Optional
 
 #: confidence of the interval around a paired ratio
@@ -21,8 +20,9 @@ def median_interval(values: list[float], confidence: float = RATIO_CONFIDENCE) -
     if n == 0:
         raise ValueError("median_interval needs at least one value")
     # tail: the number of outcomes of n fair coins with at most k - 1 heads (the chance that the
-    # median lies below x_(k), times 2**n), in integers: exact for any n (floats underflow past 1074)
-    num, den = Fraction(1 - confidence).as_integer_ratio()  # the chance allowed outside
+    # median lies below x_(k), times 2**n), in integers: exact for any n (in floats, the
+    # binomial terms overflow from n = 1032)
+    num, den = float(1 - confidence).as_integer_ratio()  # the chance allowed outside, exactly
     k, tail, term, total = 0, 0, 1, 1 << n  # term: comb(n, k)
     while True:
         tail_next = tail + term
