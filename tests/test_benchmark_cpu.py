@@ -837,3 +837,21 @@ def test_median_interval_holds_for_thousands_of_values():
         low, high = report.median_interval(values)
         assert low + high == n - 1  # symmetric order statistics
         assert 0.45 * n < low < 0.5 * n  # within about 2 standard deviations (sqrt(n) / 2 each) of the median
+
+
+def test_front_doors_option_parses_all_or_no_hf() -> None:
+    assert cli.build_parser().parse_args([]).front_doors is None
+    assert cli.build_parser().parse_args(["--front-doors"]).front_doors == "all"
+    assert cli.build_parser().parse_args(["--front-doors=no-hf"]).front_doors == "no-hf"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--front-doors=some"])
+
+
+def test_front_doors_without_transformers_names_the_extra_and_no_hf(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "_has_transformers", lambda: False)
+    assert cli.main(["--front-doors"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "te_cudnn[hf]" in err[0] and "--front-doors=no-hf" in err[0]
+    if not torch.cuda.is_available():  # no-hf needs no transformers: the run goes on to the GPU check
+        assert cli.main(["--front-doors=no-hf"]) == 1
+        assert "needs a CUDA GPU" in capsys.readouterr().err

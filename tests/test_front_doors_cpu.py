@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from te_cudnn.benchmark import front_doors, turns
+from te_cudnn.benchmark import front_doors, front_doors_report, turns
 
 
 @pytest.fixture
@@ -75,7 +78,7 @@ def test_report_gives_the_paired_ratios_with_their_intervals():
         "hf": {"model": "m", "sdpa": {"prefill ms": 20.0, "generate error": "x"}, "te_cudnn": {"prefill ms": 19.0},
                "te_cudnn vs sdpa, paired by turn (median, 95 % interval)": {"prefill ms": [0.95, 0.9, 0.99]}},
     }  # fmt: skip
-    md = front_doors._markdown(res)
+    md = front_doors_report.markdown(res)
     assert "| te_cudnn.fused_attn_fwd | 11.0 | 1.10× |" in md
     assert "| b=1 | BHSD leaves | 1.000 | 1.000 | 0.990 | 0.970–1.010 |  |  |  |" in md
     assert "| prefill ms | 20.0 | 19.0 | 0.950 | 0.950 (0.900–0.990) |" in md
@@ -89,7 +92,7 @@ def test_report_lists_the_controls_of_the_switched_measures():
     res = {"device": "a GPU", "host": {}, "fwd_bwd": [],
            "hf": {"model": "m", "sdpa": {"training step ms": 70.0}, "te_cudnn": {"training step ms": 70.7},
                   "controls, paired by turn (median, 95 % interval)": controls}}  # fmt: skip
-    md = front_doors._markdown(res)
+    md = front_doors_report.markdown(res)
     assert "| training step ms | sdpa, again / sdpa | 1.001 (0.998–1.004) |" in md
     assert "| training step ms | sdpa + one Python autograd node / sdpa | 1.009 (1.005–1.013) |" in md
 
@@ -99,7 +102,7 @@ def test_report_gives_the_paced_columns_beside_the_back_to_back_ones():
            "ratio_low": 1.0, "ratio_high": 1.002, "paced_te_cudnn_ms": 0.33, "paced_torch_cudnn_ms": 0.3,
            "paced_ratio": 1.1, "paced_ratio_low": 0.8, "paced_ratio_high": 1.3, "host_te_cudnn_us": 329.6,
            "host_torch_cudnn_us": 301.2}  # fmt: skip
-    md = front_doors._markdown({"device": "a GPU", "host": {}, "fwd_bwd": [row]})
+    md = front_doors_report.markdown({"device": "a GPU", "host": {}, "fwd_bwd": [row]})
     assert ("| b=2 | BSHD views | 0.250 | 0.250 | 1.001 | 1.000–1.002 | 0.330 / 0.300 | 1.100 (0.800–1.300) "
             "| 330 / 301 |") in md
 
@@ -169,3 +172,45 @@ def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
     assert order[:len(per_round) * 3] == per_round * 3  # the untimed round and two timed ones
     for name in models:
         assert torch.equal(tokens[name], expected[name]), name
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "h200"
+
+
+def test_report_from_the_committed_json_is_the_committed_report():
+    """front_doors.md is drawn from front_doors.json alone: the committed pair agrees."""
+    res = json.loads((COMMITTED / "front_doors.json").read_text())
+    assert front_doors_report.markdown(res) == (COMMITTED / "front_doors.md").read_text()
+
+
+def test_speed_ratios_invert_times_and_keep_rates():
+    res = {"fwd_bwd": [{"shape": "s", "inputs": "BHSD leaves", "ratio": 1.25, "ratio_low": 1.0, "ratio_high": 2.0},
+                       {"shape": "t", "inputs": "BSHD views", "ratio": 1.0}],  # no interval: not drawn
+           "hf": {front_doors_report.HF_PAIRED: {"prefill b=1 s=4096 ms": [0.8, 0.5, 1.0],
+                                                 "generate b=4 dynamic cache tokens/s": [1.1, 0.9, 1.3]}}}  # fmt: skip
+    rows = front_doors_report.speed_ratios(res)
+    assert [r[0] for r in rows] == ["drop-in fwd+bwd GPU, s, BHSD leaves", "HF prefill b=1 s=4096",
+                                    "HF generate b=4 dynamic cache"]  # fmt: skip
+    assert rows[0][1:] == pytest.approx((0.8, 0.5, 1.0))  # time ratio 1.25 (1.0-2.0): speed 0.8 (0.5-1.0)
+    assert rows[1][1:] == pytest.approx((1.25, 1.0, 2.0))
+    assert rows[2][1:] == (1.1, 0.9, 1.3)
+    assert all(low <= med <= high for _, med, low, high in rows)
+
+
+def test_replot_draws_the_report_again_from_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "front_doors.json").write_text((COMMITTED / "front_doors.json").read_text())
+    assert front_doors.main(["--replot", str(tmp_path)]) == 0
+    assert (tmp_path / "front_doors.md").read_text() == (COMMITTED / "front_doors.md").read_text()
+    assert (tmp_path / "front_doors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replot_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    assert front_doors.main(["--replot", str(tmp_path)]) == 1  # no front_doors.json
+    (tmp_path / "front_doors.json").write_text("{not json")
+    assert front_doors.main(["--replot", str(tmp_path)]) == 1
+    (tmp_path / "front_doors.json").write_text('{"cases": []}')
+    assert front_doors.main(["--replot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("front-door benchmark: ") for line in err)
+    assert "is not JSON" in err[1] and "is not a front-door report" in err[2]

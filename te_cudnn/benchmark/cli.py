@@ -4,6 +4,7 @@
     python -m te_cudnn.benchmark --out bench/                # every default case
     python -m te_cudnn.benchmark --cases llama,decode_kv8k --contenders te_cudnn,sdpa
     python -m te_cudnn.benchmark --list                      # cases and contenders (no GPU needed)
+    python -m te_cudnn.benchmark --out bench/ --front-doors   # and the front doors (front_doors.*)
 
 Exit codes: 0 done (contenders that declined or failed are in the results, with reasons), 1 no
 CUDA GPU, 2 bad arguments. Nothing here imports CUDA-only code before it is needed.
@@ -12,13 +13,15 @@ CUDA GPU, 2 bad arguments. Nothing here imports CUDA-only code before it is need
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
 
-from . import report
+from . import front_doors_report, report
 from .cases import DEFAULT_GROUPS, GROUPS, QUICK, all_cases, select_cases
 from .contenders import CONTENDER_GROUPS, all_contenders, select_contenders
 from .runner import Settings, run_benchmark
@@ -26,6 +29,8 @@ from .runner import Settings, run_benchmark
 __all__ = ["main", "register", "build_parser", "add_arguments", "run_from_args"]
 
 EXIT_NO_GPU, EXIT_USAGE = 1, 2
+#: ``--front-doors`` values: every section, or all but Hugging Face
+FRONT_DOOR_CHOICES = ("all", "no-hf")
 DESCRIPTION = ("Time te_cudnn against the same cuDNN graph built by hand, torch SDPA (cuDNN, flash, efficient) and "
                "FlexAttention, side by side in one process on the same inputs; write a table, CSV, JSON and a chart.")  # fmt: skip
 
@@ -104,6 +109,11 @@ def _add_options(add: Any) -> None:
              "samples in a, b, b, a order, in the headline mode, eager and replayed (default 1.0; --quick 0.3; "
              "0: none)")
     add("--no-host", action="store_true", help="skip the host-time section")
+    add("--front-doors", nargs="?", const="all", choices=FRONT_DOOR_CHOICES, default=None,
+        help="also measure the front doors: host µs per cached forward of every door, the SDPA drop-in's fwd+bwd and "
+             "(with transformers installed) Hugging Face generate, prefill and a training step; writes "
+             "front_doors.json, .md and .png to --out (about six minutes more on an H200). 'no-hf' leaves Hugging "
+             "Face out. The front doors alone: python -m te_cudnn.benchmark.front_doors --out DIR")  # fmt: skip
     add("--plan-store", type=_store_setting, default=None, metavar="WHERE",
         help="the plan store of the run: 'fresh' (default: a private empty store, deleted afterwards, so untuned "
              "contenders run untuned plans), 'default' (TE_CUDNN_PLAN_STORE or the user's store), 'off', or a "
@@ -159,6 +169,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.rounds is not None and args.rounds < 1:
         _err(f"--rounds {args.rounds} must be at least 1")
         return EXIT_USAGE
+    if args.front_doors == "all" and not _has_transformers():
+        _err("--front-doors measures Hugging Face with transformers, which is not installed: pip install "
+             "'te_cudnn[hf]', or pass --front-doors=no-hf")  # fmt: skip
+        return EXIT_USAGE
     if not torch.cuda.is_available():
         _err("needs a CUDA GPU with cuDNN; torch.cuda.is_available() is False on this machine (--list works without one)")
         return EXIT_NO_GPU
@@ -195,7 +209,21 @@ def run_from_args(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
         with open(args.json_path, "w", encoding="utf-8") as f:
             f.write(report.to_json(results))
+    if args.front_doors:
+        from . import front_doors  # noqa: PLC0415 - the doors' imports only when asked for
+
+        print("\nfront doors:", flush=True)
+        doors = front_doors.run(Path(args.out) if args.out else None, hf=args.front_doors == "all")
+        if args.out:
+            written = [str(p) for p in (Path(args.out) / f"front_doors.{x}" for x in ("json", "md", "png")) if p.exists()]
+            print(f"\nwrote {', '.join(written)}")
+        else:
+            print(front_doors_report.markdown(doors))
     return 0
+
+
+def _has_transformers() -> bool:
+    return importlib.util.find_spec("transformers") is not None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,8 @@ from ..ops import fused_attn_fwd
 from ..runtime import cudnn_module, cudnn_version_string, current_env
 from ..sdpa import scaled_dot_product_attention
 from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
-from .chart import pyplot
 from .environment import environment
+from .front_doors_report import HF_PAIRED, replot, write
 from .ratios import paired_ratio
 from .turns import StepClock, alternating, decode_in_lockstep
 
@@ -291,7 +291,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
     res.update(r)
     res["te_cudnn vs sdpa"] = {k: res["te_cudnn"][k] / res["sdpa"][k] for k in res["te_cudnn"]
                                if k in res["sdpa"] and isinstance(res["sdpa"][k], float)}  # fmt: skip
-    res["te_cudnn vs sdpa, paired by turn (median, 95 % interval)"] = intervals
+    res[HF_PAIRED] = intervals
     res["controls, paired by turn (median, 95 % interval)"] = controls
     return res
 
@@ -331,72 +331,6 @@ def _python_node_sdpa(transformers) -> str:
     return name
 
 
-def _markdown(res: dict[str, Any]) -> str:
-    lines = ["## Front doors", "", f"Measured on {res['device']}.", "", "### Host µs per cached forward (b=1 h=8 s=128 "
-             "d=64 bf16, no gradient)", "", "| call | host µs | vs torch SDPA default |", "|---|---|---|"]  # fmt: skip
-    host = res.get("host", {})
-    base = host.get("torch SDPA (default backend)")
-    for name, us in host.items():
-        lines.append(f"| {name} | {us:.1f} | {us / base:.2f}× |" if base else f"| {name} | {us:.1f} | |")
-    lines += ["", "### Drop-in forward+backward (causal, ms per step; medians over interleaved rounds, ratios paired "
-              "by round with their 95 % interval)", "",
-              "GPU: steps queued behind a spin, run back to back (the kernels and the gradient accumulation). "
-              "Paced: the same steps at the host's pace, and the host µs per step.", "",
-              "| shape | inputs | te_cudnn GPU | torch cuDNN GPU | ratio | interval | paced te_cudnn / torch | "
-              "paced ratio (interval) | host µs te_cudnn / torch |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in res.get("fwd_bwd", []):
-        interval = f"{r['ratio_low']:.3f}–{r['ratio_high']:.3f}" if "ratio_low" in r else ""
-        paced = host = paced_ratio = ""
-        if "paced_te_cudnn_ms" in r:
-            paced = f"{r['paced_te_cudnn_ms']:.3f} / {r['paced_torch_cudnn_ms']:.3f}"
-            paced_ratio = f"{r['paced_ratio']:.3f} ({r['paced_ratio_low']:.3f}–{r['paced_ratio_high']:.3f})"
-            host = f"{r['host_te_cudnn_us']:.0f} / {r['host_torch_cudnn_us']:.0f}"
-        lines.append(f"| {r['shape']} | {r['inputs']} | {r['te_cudnn_ms']:.3f} | {r['torch_cudnn_ms']:.3f} | "
-                     f"{r['ratio']:.3f} | {interval} | {paced} | {paced_ratio} | {host} |")  # fmt: skip
-    hf = res.get("hf")
-    if hf:
-        lines += ["", f"### Hugging Face ({hf['model']})", "",
-                  "Paired: the models' samples taken in turns, call by call (steps in lockstep: step by step), "
-                  "median ratio and its 95 % interval.", "",
-                  "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired (95 % interval) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        paired = hf.get("te_cudnn vs sdpa, paired by turn (median, 95 % interval)", {})
-        for k, v in hf.get("sdpa", {}).items():
-            t = hf.get("te_cudnn", {}).get(k)
-            if isinstance(v, float) and isinstance(t, float):
-                turn = f"{paired[k][0]:.3f} ({paired[k][1]:.3f}–{paired[k][2]:.3f})" if k in paired else ""
-                lines.append(f"| {k} | {v:.1f} | {t:.1f} | {t / v:.3f} | {turn} |")
-            else:
-                lines.append(f"| {k} | {v} | {t} | | |")
-        controls = hf.get("controls, paired by turn (median, 95 % interval)", {})
-        if controls:
-            lines += ["", "Prefill and the training step run on one model whose attention implementation changes call "
-                      "by call. Controls of the same turns: `sdpa` against itself (the measure's own spread), and "
-                      "`sdpa` with one Python autograd node per layer that launches nothing (what any attention "
-                      "written in Python pays in a training step).", "",
-                      "| measure | pair | paired ratio (95 % interval) |", "|---|---|---|"]  # fmt: skip
-            for measure, pairs in controls.items():
-                for pair, (med, low, high) in pairs.items():
-                    lines.append(f"| {measure} | {pair} | {med:.3f} ({low:.3f}–{high:.3f}) |")
-    return "\n".join(lines) + "\n"
-
-
-def _chart(res: dict[str, Any], path: Path) -> None:
-    plt = pyplot()  # ImportError without matplotlib
-    host = res.get("host", {})
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(host) + 1.5))
-    names = list(host)
-    ax.barh(names, [host[n] for n in names], color=["#76b900" if n.startswith("te_cudnn") else "#888888" for n in names])
-    ax.invert_yaxis()
-    ax.set_xlabel("host µs per cached forward (lower is better)")
-    ax.set_title(f"Front doors\n{res['device']}", fontsize=10)
-    for i, n in enumerate(names):
-        ax.text(host[n], i, f" {host[n]:.1f}", va="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _device() -> str:
     """``NVIDIA H200 (driver 580.159.04), cuDNN 9.19.0, torch 2.11.0+cu130``."""
     env = environment()
@@ -404,7 +338,9 @@ def _device() -> str:
             f"{cudnn_version_string(current_env(0).cudnn_version)}, torch {torch.__version__}")
 
 
-def run(out: Path, hf: bool = True) -> dict[str, Any]:
+def run(out: Optional[Path], hf: bool = True) -> dict[str, Any]:
+    """Measure every section (Hugging Face only with ``hf``) and, with ``out``, write
+    ``front_doors.json``, ``.md`` and ``.png`` there (:func:`te_cudnn.benchmark.front_doors_report.write`)."""
     res: dict[str, Any] = {"device": _device()}
     res["host"] = host_doors()
     print("host µs:", json.dumps({k: round(v, 1) for k, v in res["host"].items()}), flush=True)
@@ -414,21 +350,27 @@ def run(out: Path, hf: bool = True) -> dict[str, Any]:
     if hf:
         res["hf"] = hf_llama()
         print("hf", json.dumps(res["hf"], indent=1), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "front_doors.json").write_text(json.dumps(res, indent=1))
-    (out / "front_doors.md").write_text(_markdown(res))
-    try:
-        _chart(res, out / "front_doors.png")
-    except ImportError:
-        pass
+    if out is not None:
+        write(res, out)
     return res
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m te_cudnn.benchmark.front_doors", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="folder for front_doors.json, .md and .png")
+    p.add_argument("--out", type=Path, help="folder for front_doors.json, .md and .png")
     p.add_argument("--no-hf", action="store_true", help="leave out the Hugging Face section")
+    p.add_argument("--replot", type=Path, metavar="DIR", help="write front_doors.md and .png again from DIR's "
+                   "front_doors.json (no GPU needed), then exit")  # fmt: skip
     args = p.parse_args(argv)
+    if args.replot is not None:
+        try:
+            replot(args.replot)
+        except (OSError, ValueError) as e:
+            print(f"front-door benchmark: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.out is None:
+        p.error("--out DIR is required (or --replot DIR)")
     if not torch.cuda.is_available():
         print("front-door benchmark: needs a CUDA device", file=sys.stderr)
         return 2
