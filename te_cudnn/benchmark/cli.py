@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import front_doors_report, report
+from . import front_doors, front_doors_report, report
 from .cases import DEFAULT_GROUPS, GROUPS, QUICK, all_cases, select_cases
 from .contenders import CONTENDER_GROUPS, all_contenders, select_contenders
 from .runner import Settings, run_benchmark
@@ -210,8 +210,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             f.write(report.to_json(results))
     if args.front_doors:
-        from . import front_doors  # noqa: PLC0415 - the doors' imports only when asked for
-
         print("\nfront doors:", flush=True)
         doors = front_doors.run(Path(args.out) if args.out else None, hf=args.front_doors == "all")
         if args.out:
