@@ -112,7 +112,6 @@ class LeanDoor:
         self.memo.remember(sig, LeanTraining(prep, template, *training) if training else (prep, template))
 
 
-
 def run_inference(entry: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """A remembered inference forward (an entry of :meth:`LeanDoor.find`) on new tensors of its signature.
     The usual case (a graph without stats launched from pointers, its plan cached) is
