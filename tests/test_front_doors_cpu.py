@@ -95,6 +95,14 @@ def test_report_lists_the_controls_of_the_switched_measures():
     md = front_doors_report.markdown(res)
     assert "| training step ms | sdpa, again / sdpa | 1.001 (0.998–1.004) |" in md
     assert "| training step ms | sdpa + one Python autograd node / sdpa | 1.009 (1.005–1.013) |" in md
+    assert "Prefill and the training step run on one model" in md
+    measure = "generate b=4 dynamic cache tokens/s (implementations switched step by step)"
+    controls[measure] = {"sdpa, again / sdpa": [1.0, 0.999, 1.002]}
+    res["hf"]["sdpa"][measure], res["hf"]["te_cudnn"][measure] = 300.0, 303.0
+    md = front_doors_report.markdown(res)
+    assert f"| {measure} | 300.0 | 303.0 | 1.010 |  |" in md
+    assert f"| {measure} | sdpa, again / sdpa | 1.000 (0.999–1.002) |" in md
+    assert "The switched generate steps, prefill and the training step run on one model" in md
 
 
 def test_report_gives_the_paced_columns_beside_the_back_to_back_ones():
@@ -174,6 +182,58 @@ def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
         assert torch.equal(tokens[name], expected[name]), name
 
 
+
+def test_switching_steps_hands_the_steps_to_the_contenders_in_reversing_turns(monkeypatch):
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: next(clock))
+    selected = []
+    steps = turns.SwitchingSteps({name: (lambda name=name: selected.append(name)) for name in ("a", "b", "c")})
+    for _ in range(9):  # the prompt, then eight tokens: seven steps, two complete turns
+        steps.put(None)
+    steps.end()
+    # the prefill runs on "a" (untimed); the steps: a b c | c b a | a b (incomplete, dropped)
+    assert selected == ["a", "a", "b", "c", "c", "b", "a", "a", "b"]  # the last token starts a step never timed
+    # each put stamps once on arrival and once after switching: every step takes 1 tick
+    assert steps.seconds == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    selected.clear()
+    for _ in range(3):  # the next call starts afresh: its prefill untimed, one incomplete turn
+        steps.put(None)
+    steps.end()
+    assert selected == ["c", "c", "b"] and len(steps.seconds["a"]) == 2  # the order keeps reversing
+
+
+def test_switching_steps_needs_two_contenders():
+    with pytest.raises(ValueError, match="two or more contenders"):
+        turns.SwitchingSteps({"a": lambda: None})
+
+
+def test_switching_steps_runs_inside_generate_with_the_implementation_switched():
+    """A tiny Llama on the CPU: ``generate`` with the streamer switches the attention
+    implementation after every token (eager and sdpa here) and gives the same greedy tokens."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa")).eval()
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args: seen.append(mod.config._attn_implementation))
+    steps = turns.SwitchingSteps({name: (lambda name=name: model.set_attn_implementation(name))
+                                  for name in ("sdpa", "eager")})  # fmt: skip
+    ids = torch.randint(0, 50, (2, 5))
+    kw = dict(max_new_tokens=7, min_new_tokens=7, do_sample=False)
+    with torch.no_grad():
+        switched = model.generate(ids, streamer=steps, **kw)
+        model.set_attn_implementation("sdpa")
+        plain = model.generate(ids, **kw)
+    assert seen[:7] == ["sdpa", "sdpa", "eager", "eager", "sdpa", "sdpa", "eager"]  # prefill, then the steps
+    assert {name: len(s) for name, s in steps.seconds.items()} == {"sdpa": 3, "eager": 3}
+    assert all(s > 0 for secs in steps.seconds.values() for s in secs)
+    assert torch.equal(switched, plain)
+
+
 COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "h200"
 
 
@@ -204,6 +264,19 @@ def test_replot_draws_the_report_again_from_the_json(tmp_path):
     assert (tmp_path / "front_doors.md").read_text() == (COMMITTED / "front_doors.md").read_text()
     assert (tmp_path / "front_doors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_module_runs_as_a_command_once(tmp_path):
+    """``python -m te_cudnn.benchmark.front_doors``: the package imports none of its modules, so
+    the command's module is not imported before runpy runs it (no RuntimeWarning, one copy)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "front_doors.json").write_text((COMMITTED / "front_doors.json").read_text())
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "te_cudnn.benchmark.front_doors",
+                           "--replot", str(tmp_path)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeWarning" not in done.stderr
 
 def test_replot_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert front_doors.main(["--replot", str(tmp_path)]) == 1  # no front_doors.json

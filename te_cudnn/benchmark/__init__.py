@@ -11,9 +11,7 @@ tensors), :mod:`.contenders` (the interface and the roster) with :mod:`.te_conte
 :mod:`.report` (rendering; with :mod:`.rows`, :mod:`.ratios`, :mod:`.csv_json`, :mod:`.markdown`,
 :mod:`.targets`, :mod:`.formatting` and :mod:`.chart`), :mod:`.cli` (the command).
 
-Importing this package touches no CUDA; running needs a GPU.
+Importing this package touches no CUDA and imports none of its modules (``python -m
+te_cudnn.benchmark.front_doors`` then runs that module once, as ``__main__``); running needs a
+GPU.
 """
-
-from .cli import main, register
-
-__all__ = ["main", "register"]

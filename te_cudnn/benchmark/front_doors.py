@@ -10,11 +10,12 @@
 * Hugging Face: a random-weight 1B-like Llama (16 layers, 32 heads over 8 KV heads): generate
   tokens per second at b=4 and b=1 with the dynamic cache and with the static cache compiled
   with ``mode="reduce-overhead"`` (whole calls taking turns call by call, and their decode
-  steps alone), dynamic-cache decode steps also in lockstep, prefill and one training step,
-  te_cudnn against ``sdpa`` (host time drifts; see :mod:`te_cudnn.benchmark.turns`): for
-  generate, two models; for prefill and the training step, one model whose attention
-  implementation is switched between calls, with two controls (``sdpa`` against itself, and
-  ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
+  steps alone), dynamic-cache decode steps also in lockstep and switched step by step inside
+  one ``generate`` call, prefill and one training step, te_cudnn against ``sdpa`` (host time
+  drifts; see :mod:`te_cudnn.benchmark.turns`): whole generate calls on two models; the
+  switched steps, prefill and the training step on one model whose attention implementation
+  is switched between steps or calls, with controls (``sdpa`` against itself, and, in
+  training, ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
@@ -44,7 +45,7 @@ from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
 from .environment import environment
 from .front_doors_report import HF_PAIRED, replot, write
 from .ratios import paired_ratio
-from .turns import StepClock, alternating, decode_in_lockstep
+from .turns import StepClock, SwitchingSteps, alternating, decode_in_lockstep
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
 
@@ -188,11 +189,12 @@ def _llama_config():
                                        max_position_embeddings=4096)  # fmt: skip
 
 
-def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6) -> dict[str, Any]:
+def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_rounds: int = 6,
+             switched_calls: int = 6) -> dict[str, Any]:
     """Generate tokens/s, prefill and training-step time of te_cudnn against transformers' sdpa.
-    Both models are built first and the generate measures alternate between them; prefill and
-    the training step then alternate implementations on the sdpa model (see the controls in
-    the report)."""
+    Both models are built first and whole generate calls alternate between them; the switched
+    generate steps, prefill and the training step alternate implementations on the sdpa model
+    (see the controls in the report)."""
     transformers = _transformers()
     AutoModelForCausalLM = transformers.AutoModelForCausalLM
     te_hf.register()
@@ -216,16 +218,19 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         if paired is not None:
             intervals[measure] = list(paired)
 
+    controls: dict[str, dict[str, list[float]]] = {}
+
     def record_rates(measure: str, seconds: dict[str, list[float]], tokens: int) -> None:
-        """Tokens/s from seconds per sample of ``tokens`` tokens, paired sample by sample."""
+        """Tokens/s from seconds per sample of ``tokens`` tokens, paired sample by sample
+        (with the ``sdpa`` control's pair where ``seconds`` has one)."""
         samples = {impl: [tokens / sec for sec in secs] for impl, secs in seconds.items()}
         for impl, rates in samples.items():
-            r[impl][measure] = statistics.median(rates)
+            r.setdefault(impl, {})[measure] = statistics.median(rates)
         paired = paired_ratio(samples["te_cudnn"], samples["sdpa"])
         if paired is not None:
             intervals[measure] = list(paired)
-
-    controls: dict[str, dict[str, list[float]]] = {}
+        if _AGAIN in samples:
+            controls[measure] = {f"{_AGAIN} / sdpa": list(paired_ratio(samples[_AGAIN], samples["sdpa"]))}
 
     def switched(measure: str, fns: dict[str, Callable[[], Any]], reps: int, switch: dict) -> None:
         """:func:`record` for contenders that share one model (``switch`` selects each one's
@@ -238,6 +243,10 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         controls[measure] = {f"{a} / {b}": list(paired_ratio(samples[a], samples[b])) for a, b in pairs
                              if a in samples and b in samples}  # fmt: skip
 
+    # The switched measures run on the sdpa model, its implementation changed between steps or calls.
+    model, name = models["sdpa"], _python_node_sdpa(transformers)
+    impls = {"sdpa": "sdpa", "te_cudnn": "te_cudnn", _AGAIN: "sdpa", _NODE: name}
+    switch = {label: (lambda impl=impl: model.set_attn_implementation(impl)) for label, impl in impls.items()}
     for b in (4, 1):
         ids = torch.randint(0, 32000, (b, prompt), device="cuda")
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
@@ -252,6 +261,12 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
                          {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
             record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)",
                          decode_in_lockstep(models, ids, new_tokens, lockstep_rounds)[0], b)  # fmt: skip
+            steps = SwitchingSteps({i: switch[i] for i in ("sdpa", "te_cudnn", _AGAIN)})
+            for call in range(switched_calls + 1):  # the first call untimed
+                model.generate(ids, streamer=steps if call else SwitchingSteps(steps.switch), **kw)
+            switch["sdpa"]()
+            record_rates(f"generate b={b} dynamic cache tokens/s (implementations switched step by step)",
+                         steps.seconds, b)  # fmt: skip
             torch.compiler.reset()
             cc = transformers.CompileConfig(mode="reduce-overhead", fullgraph=False)
             clocks = {i: StepClock() for i in models}
@@ -266,13 +281,10 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
                 for impl in models:
                     r[impl][f"generate b={b} static cache + reduce-overhead error"] = str(exc).splitlines()[0][:300]
     models.pop("te_cudnn")
-    # Prefill and the training step: one model whose attention implementation changes call by
-    # call, so that every contender runs the same weights from the same memory. Controls: sdpa
-    # against itself (the measure's own spread) and, in training, sdpa with one Python autograd
-    # node added per layer (see _python_node_sdpa).
-    model, name = models["sdpa"], _python_node_sdpa(transformers)
-    impls = {"sdpa": "sdpa", "te_cudnn": "te_cudnn", _AGAIN: "sdpa", _NODE: name}
-    switch = {label: (lambda impl=impl: model.set_attn_implementation(impl)) for label, impl in impls.items()}
+    # Prefill and the training step: the sdpa model, its attention implementation changed call
+    # by call, so that every contender runs the same weights from the same memory. Controls:
+    # sdpa against itself (the measure's own spread) and, in training, sdpa with one Python
+    # autograd node added per layer (see _python_node_sdpa).
     ids = torch.randint(0, 32000, (1, 4096), device="cuda")
     model.eval()
     with torch.no_grad():

@@ -43,8 +43,8 @@ def markdown(res: dict[str, Any]) -> str:
     hf = res.get("hf")
     if hf:
         lines += ["", f"### Hugging Face ({hf['model']})", "",
-                  "Paired: the models' samples taken in turns, call by call (steps in lockstep: step by step), "
-                  "median ratio and its 95 % interval.", "",
+                  "Paired: the contenders' samples taken in turns, call by call (steps in lockstep or switched: "
+                  "step by step), median ratio and its 95 % interval.", "",
                   "| measure | sdpa | te_cudnn | te_cudnn / sdpa | paired (95 % interval) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         paired = hf.get(HF_PAIRED, {})
@@ -57,10 +57,13 @@ def markdown(res: dict[str, Any]) -> str:
                 lines.append(f"| {k} | {v} | {t} | | |")
         controls = hf.get("controls, paired by turn (median, 95 % interval)", {})
         if controls:
-            lines += ["", "Prefill and the training step run on one model whose attention implementation changes call "
-                      "by call. Controls of the same turns: `sdpa` against itself (the measure's own spread), and "
-                      "`sdpa` with one Python autograd node per layer that launches nothing (what any attention "
-                      "written in Python pays in a training step).", "",
+            switched = any("switched step by step" in m for m in controls)
+            lines += ["", ("The switched generate steps, prefill and the training step run on one model whose "
+                           "attention implementation changes step by step or call by call." if switched else
+                           "Prefill and the training step run on one model whose attention implementation changes "
+                           "call by call.") + " Controls of the same turns: `sdpa` against itself (the measure's own "
+                      "spread), and `sdpa` with one Python autograd node per layer that launches nothing (what any "
+                      "attention written in Python pays in a training step).", "",
                       "| measure | pair | paired ratio (95 % interval) |", "|---|---|---|"]  # fmt: skip
             for measure, pairs in controls.items():
                 for pair, (med, low, high) in pairs.items():

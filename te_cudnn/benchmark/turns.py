@@ -11,6 +11,10 @@ difference between two attention implementations. Three granularities:
 * :func:`decode_in_lockstep`: greedy decode steps of several models, each with its own
   cache, taking turns step by step; the steps pair by position. Two steps 10–20 ms apart
   share the host's speed, so only the difference of the two steps remains.
+* :class:`SwitchingSteps`: a ``generate`` streamer that switches one model's attention
+  implementation after every new token, so that the contenders take turns step by step
+  inside one ``generate`` call (its own loop, cache and stopping check); the steps of a
+  turn pair the contenders.
 
 The lockstep runs in one thread: torch's cuDNN SDPA keeps its graphs per thread (a new
 thread builds them again), and handing on between threads made the paired intervals far
@@ -25,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["alternating", "StepClock", "decode_in_lockstep"]
+__all__ = ["alternating", "StepClock", "SwitchingSteps", "decode_in_lockstep"]
 
 
 def alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None,
@@ -74,6 +78,55 @@ class StepClock:
         if steps:
             self.medians.append(statistics.median(steps))
         self.stamps = []
+
+
+class SwitchingSteps:
+    """A ``generate`` streamer that hands the decode steps of one model to contenders in turns.
+
+    ``switch`` maps each contender to a function that selects it (for Hugging Face models,
+    ``model.set_attn_implementation``). transformers calls :meth:`put` with the prompt and
+    then with each new token as its step ends; every call switches to the next contender,
+    untimed, and starts the clock of the step it begins. A turn gives every contender one
+    step, in an order that reverses from turn to turn, so that no contender always follows
+    another. ``seconds[name][t]`` is ``name``'s step of turn ``t``:
+    complete turns only, paired by turn. The prefill (the interval that ends on the first
+    token) is not timed."""
+
+    def __init__(self, switch: dict[str, Callable[[], Any]]) -> None:
+        if len(switch) < 2:
+            raise ValueError(f"switch needs two or more contenders, got {list(switch)}")
+        self.switch = switch
+        self.seconds: dict[str, list[float]] = {name: [] for name in switch}
+        self._order = list(switch)
+        self._turn: dict[str, float] = {}
+        self._queue: list[str] = []
+        self._running: Optional[str] = None
+        self._started = 0.0
+        self._puts = 0
+
+    def put(self, value: Any) -> None:
+        now = time.perf_counter()
+        if self._running is not None:
+            self._turn[self._running] = now - self._started
+            if len(self._turn) == len(self.switch):
+                for name, sec in self._turn.items():
+                    self.seconds[name].append(sec)
+                self._turn = {}
+        self._puts += 1
+        if self._puts == 1:  # the prompt: the prefill that follows is not timed
+            self._running = None
+            self.switch[self._order[0]]()
+            return
+        if not self._queue:
+            self._queue = list(self._order)
+            self._order.reverse()
+        self._running = self._queue.pop(0)
+        self.switch[self._running]()
+        self._started = time.perf_counter()
+
+    def end(self) -> None:
+        """The call's last turn, if incomplete, is dropped; the next call starts afresh."""
+        self._turn, self._queue, self._running, self._puts = {}, [], None, 0
 
 
 def decode_in_lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int) -> tuple[dict, dict]:
