@@ -278,6 +278,31 @@ def test_module_runs_as_a_command_once(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "RuntimeWarning" not in done.stderr
 
+
+def test_run_writes_the_report_after_every_section(tmp_path, monkeypatch):
+    """A run cut short (here: the fwd+bwd section fails) keeps the sections it measured."""
+    monkeypatch.setattr(front_doors, "_device", lambda: "a GPU")
+    monkeypatch.setattr(front_doors, "host_doors", lambda: {"torch SDPA (default backend)": 20.0, "te_cudnn x": 18.0})
+
+    def cut_short():
+        raise RuntimeError("cut short")
+
+    monkeypatch.setattr(front_doors, "dropin_fwd_bwd", cut_short)
+    with pytest.raises(RuntimeError, match="cut short"):
+        front_doors.run(tmp_path, hf=False)
+    saved = json.loads((tmp_path / "front_doors.json").read_text())
+    assert saved["host"] == {"torch SDPA (default backend)": 20.0, "te_cudnn x": 18.0}
+    assert "| te_cudnn x | 18.0 | 0.90× |" in (tmp_path / "front_doors.md").read_text()
+
+
+def test_progress_prints_each_hf_measure_as_it_ends(capsys):
+    r = {"sdpa": {"m tokens/s": 300.0}, "te_cudnn": {"m tokens/s": 303.3}}
+    front_doors._progress("m tokens/s", r, {"m tokens/s": [1.011, 1.002, 1.02]})
+    front_doors._progress("m tokens/s", r, {})
+    assert capsys.readouterr().out.splitlines() == [
+        "hf m tokens/s: sdpa 300.0, te_cudnn 303.3, paired 1.011 (1.002–1.020)",
+        "hf m tokens/s: sdpa 300.0, te_cudnn 303.3"]
+
 def test_replot_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert front_doors.main(["--replot", str(tmp_path)]) == 1  # no front_doors.json
     (tmp_path / "front_doors.json").write_text("{not json")

@@ -217,6 +217,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         paired = paired_ratio([per(x) for x in samples["te_cudnn"]], [per(x) for x in samples["sdpa"]])
         if paired is not None:
             intervals[measure] = list(paired)
+        _progress(measure, r, intervals)
 
     controls: dict[str, dict[str, list[float]]] = {}
 
@@ -231,6 +232,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
             intervals[measure] = list(paired)
         if _AGAIN in samples:
             controls[measure] = {f"{_AGAIN} / sdpa": list(paired_ratio(samples[_AGAIN], samples["sdpa"]))}
+        _progress(measure, r, intervals)
 
     def switched(measure: str, fns: dict[str, Callable[[], Any]], reps: int, switch: dict) -> None:
         """:func:`record` for contenders that share one model (``switch`` selects each one's
@@ -242,6 +244,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         pairs = [(_AGAIN, "sdpa"), (_NODE, "sdpa"), ("te_cudnn", _NODE)]
         controls[measure] = {f"{a} / {b}": list(paired_ratio(samples[a], samples[b])) for a, b in pairs
                              if a in samples and b in samples}  # fmt: skip
+        _progress(measure, r, intervals)
 
     # The switched measures run on the sdpa model, its implementation changed between steps or calls.
     model, name = models["sdpa"], _python_node_sdpa(transformers)
@@ -308,6 +311,13 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
     return res
 
 
+def _progress(measure: str, r: dict[str, dict[str, Any]], intervals: dict[str, list[float]]) -> None:
+    """One line per Hugging Face measure as it ends: both medians and the paired ratio."""
+    paired = intervals.get(measure)
+    ratio = f", paired {paired[0]:.3f} ({paired[1]:.3f}–{paired[2]:.3f})" if paired else ""
+    print(f"hf {measure}: sdpa {r['sdpa'][measure]:.1f}, te_cudnn {r['te_cudnn'][measure]:.1f}{ratio}", flush=True)
+
+
 _AGAIN = "sdpa, again"
 _NODE = "sdpa + one Python autograd node"
 
@@ -356,14 +366,18 @@ def run(out: Optional[Path], hf: bool = True) -> dict[str, Any]:
     res: dict[str, Any] = {"device": _device()}
     res["host"] = host_doors()
     print("host µs:", json.dumps({k: round(v, 1) for k, v in res["host"].items()}), flush=True)
+    if out is not None:  # after every section: a run cut short keeps what it measured
+        write(res, out)
     res["fwd_bwd"] = dropin_fwd_bwd()
     for r in res["fwd_bwd"]:
         print("fwd+bwd", r, flush=True)
+    if out is not None:
+        write(res, out)
     if hf:
         res["hf"] = hf_llama()
         print("hf", json.dumps(res["hf"], indent=1), flush=True)
-    if out is not None:
-        write(res, out)
+        if out is not None:
+            write(res, out)
     return res
 
 
