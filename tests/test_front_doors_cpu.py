@@ -303,6 +303,17 @@ def test_progress_prints_each_hf_measure_as_it_ends(capsys):
         "hf m tokens/s: sdpa 300.0, te_cudnn 303.3, paired 1.011 (1.002–1.020)",
         "hf m tokens/s: sdpa 300.0, te_cudnn 303.3"]
 
+
+def test_hf_section_runs_with_transformers_at_errors_only():
+    transformers = pytest.importorskip("transformers")
+    before = transformers.logging.get_verbosity()
+    with front_doors._transformers_quiet():
+        assert transformers.logging.get_verbosity() == transformers.logging.ERROR
+    assert transformers.logging.get_verbosity() == before
+    with pytest.raises(KeyError), front_doors._transformers_quiet():
+        raise KeyError("a failing measure")
+    assert transformers.logging.get_verbosity() == before
+
 def test_replot_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert front_doors.main(["--replot", str(tmp_path)]) == 1  # no front_doors.json
     (tmp_path / "front_doors.json").write_text("{not json")

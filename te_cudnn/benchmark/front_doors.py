@@ -24,12 +24,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,19 @@ def _transformers():
     import transformers.integrations.sdpa_attention  # noqa: PLC0415 - optional dependency; binds ``transformers``
 
     return transformers
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """transformers' log at errors only: ``generate`` on the random model (no pad token, no
+    attention mask, as measured) warns twice on every batched call."""
+    logging = _transformers().logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def host_doors(rounds: int = 9, calls: int = 2000) -> dict[str, float]:
@@ -374,7 +388,8 @@ def run(out: Optional[Path], hf: bool = True) -> dict[str, Any]:
     if out is not None:
         write(res, out)
     if hf:
-        res["hf"] = hf_llama()
+        with _transformers_quiet():
+            res["hf"] = hf_llama()
         print("hf", json.dumps(res["hf"], indent=1), flush=True)
         if out is not None:
             write(res, out)
