@@ -2,7 +2,7 @@
 
 Host-bound work (Hugging Face decoding: 10–20 ms of transformers' Python per step) runs at a
 speed that drifts by several per cent over seconds on a shared host, far more than the
-difference between two attention implementations. Three granularities:
+difference between two attention implementations. Four granularities:
 
 * :func:`alternating`: whole calls take turns, call by call (the first of a turn alternating);
   the per-turn samples pair the contenders.
@@ -88,9 +88,9 @@ class SwitchingSteps:
     then with each new token as its step ends; every call switches to the next contender,
     untimed, and starts the clock of the step it begins. A turn gives every contender one
     step, in an order that reverses from turn to turn, so that no contender always follows
-    another. ``seconds[name][t]`` is ``name``'s step of turn ``t``:
-    complete turns only, paired by turn. The prefill (the interval that ends on the first
-    token) is not timed."""
+    another. ``seconds[name][t]`` is ``name``'s step of turn ``t`` (complete turns only, so
+    the contenders pair by turn). The prefill (the interval that ends on the first token) is
+    not timed."""
 
     def __init__(self, switch: dict[str, Callable[[], Any]]) -> None:
         if len(switch) < 2:
