@@ -112,7 +112,7 @@ def _add_options(add: Any) -> None:
     add("--front-doors", nargs="?", const="all", choices=FRONT_DOOR_CHOICES, default=None,
         help="also measure the front doors: host µs per cached forward of every door, the SDPA drop-in's fwd+bwd and "
              "(with transformers installed) Hugging Face generate, prefill and a training step; writes "
-             "front_doors.json, .md and .png to --out (about six minutes more on an H200). 'no-hf' leaves Hugging "
+             "front_doors.json, .md and .png to --out (about seven minutes more on an H200). 'no-hf' leaves Hugging "
              "Face out. The front doors alone: python -m te_cudnn.benchmark.front_doors --out DIR")  # fmt: skip
     add("--plan-store", type=_store_setting, default=None, metavar="WHERE",
         help="the plan store of the run: 'fresh' (default: a private empty store, deleted afterwards, so untuned "
