@@ -28,6 +28,7 @@ import torch
 from ..errors import MisalignedError, UnsupportedConfigError
 from ..autograd import lean_attention
 from ..lean import LeanDoor, as_is, run_inference, wants_grad
+from ..packed_rows import attend_one_row
 from ..torch_ops import _is_compiling, use_custom_ops
 from ..sdpa import (
     _attention_bshd,
@@ -172,6 +173,10 @@ def attention_forward(
                 entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, False))
                 if entry is not None:
                     return run_inference(entry, query, key, value), None
+            if sq == 1:  # a decode step over a cache that grows (DynamicCache): one plan per bucket of lengths
+                out = attend_one_row(query, key, value, scaling)
+                if out is not None:
+                    return out, None
         except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
             pass
     for name, why in _UNSUPPORTED.items():
