@@ -24,8 +24,11 @@ changes, so every layer of a step reuses it and te_cudnn's derivation of lengths
 replays from a CUDA graph (:mod:`te_cudnn.replayed`). Everything else is
 :func:`te_cudnn.fused_attn_fwd`'s own path, with all its checks.
 
-Only inference calls qualify: no gradient, no mask, no dropout, not while compiling or
-capturing a CUDA graph (those keep their dense graphs: a static cache has one length).
+Only inference calls qualify: no gradient, no mask, no dropout, not causal (with one row,
+torch's top-left causal mask would hide every key but the first), not while compiling or
+capturing a CUDA graph (those keep their dense graphs: a static cache has one length). The
+Hugging Face attention function and the SDPA drop-in take this path for such calls whose
+signature they have not remembered, when :func:`packed_one_row` is on.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ _on = [os.environ.get("TE_CUDNN_PACKED_ONE_ROW", "0") == "1"]
 
 
 def packed_one_row(on: Optional[bool] = None) -> bool:
-    """Whether the Hugging Face attention function runs one-row inference calls over contiguous
-    caches packed; pass ``on`` to change it. Off unless ``TE_CUDNN_PACKED_ONE_ROW=1`` was in the
+    """Whether the Hugging Face attention function and the SDPA drop-in run one-row inference
+    calls over contiguous caches packed; pass ``on`` to change it. Off unless ``TE_CUDNN_PACKED_ONE_ROW=1`` was in the
     environment at import. Returns the setting in force before the call."""
     was = _on[0]
     if on is not None:
@@ -79,7 +82,8 @@ def attend_one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Returns ``[b, 1, h, d_v]`` (contiguous), the attention of each query head over its KV head's
     keys. The caller makes sure that no gradient is wanted; nothing here is recorded by autograd."""
     if not _on[0] or query.__class__ is not torch.Tensor or key.__class__ is not torch.Tensor \
-            or value.__class__ is not torch.Tensor or not query.is_cuda or query.dtype not in _F16:  # fmt: skip
+            or value.__class__ is not torch.Tensor or not query.is_cuda or query.dtype not in _F16 \
+            or not (scale is None or scale.__class__ is float):  # fmt: skip
         return None
     if key.dtype != query.dtype or value.dtype != query.dtype or key.device != query.device \
             or value.device != query.device or is_capturing():  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from .autograd import AttnOptions, attend, lean_attention
 from .errors import MisalignedError, UnsupportedConfigError
 from .lean import LeanDoor, policy_token, run_inference, wants_grad
+from .packed_rows import attend_one_row
 from .torch_ops import use_custom_ops
 
 __all__ = ["scaled_dot_product_attention", "mask_to_bias", "masked_value"]
@@ -378,6 +379,10 @@ def scaled_dot_product_attention(
                 entry = _LEAN.find(sig)
                 if entry is not None:
                     return run_inference(entry, query, key, value)
+                if is_causal is False and query.shape[2] == 1 and (enable_gqa is True or key.shape[1] == query.shape[1]):
+                    out = attend_one_row(query, key, value, scale)  # a decode step over a growing cache
+                    if out is not None:
+                        return out.transpose(1, 2)
             elif not use_custom_ops():
                 sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, True)
                 entry = _LEAN.find(sig)

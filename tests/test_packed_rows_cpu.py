@@ -180,3 +180,40 @@ def test_hugging_face_decode_steps_take_the_packed_path(monkeypatch, case):
         with pytest.raises(ValueError, match="executes on CUDA devices"):
             te_hf.attention_forward(module, q, k, v, mask, dropout=dropout, scaling=0.25, **kwargs)
     assert calls == []
+
+
+@pytest.mark.parametrize("case", ["decode", "causal", "heads_without_gqa", "grad", "mask"])
+def test_the_sdpa_drop_in_hands_decode_steps_to_the_packed_path(monkeypatch, case):
+    """The drop-in hands a no-grad, unmasked, non-causal one-row call to the packed path and
+    returns its ``[b, 1, h, d]`` result as ``[b, h, 1, d]``; torch's rules keep the rest: causal
+    with one row sees only key 0 (top-left), differing head counts need ``enable_gqa``."""
+    import te_cudnn.sdpa as sdpa_mod
+
+    calls = []
+    answer = torch.zeros(1, 1, 4, 16, dtype=torch.bfloat16)
+
+    def spy(query, key, value, scale):
+        calls.append(scale)
+        return answer
+
+    monkeypatch.setattr(sdpa_mod, "attend_one_row", spy)
+    q, k, v = _decode_step(1, 4, 2, 5, 16, 16, dtype=torch.bfloat16)
+    kw = dict(scale=0.25, enable_gqa=True)
+    grad, mask = False, None
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "heads_without_gqa":
+        kw["enable_gqa"] = False
+    elif case == "grad":
+        q.requires_grad_()
+        grad = True
+    elif case == "mask":
+        mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    with torch.set_grad_enabled(grad):
+        if case == "decode":
+            out = sdpa_mod.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+            assert out.shape == (1, 4, 1, 16) and out.data_ptr() == answer.data_ptr() and calls == [0.25]
+            return
+        with pytest.raises((ValueError, TypeError)):
+            sdpa_mod.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    assert calls == []

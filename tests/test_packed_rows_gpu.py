@@ -5,6 +5,7 @@
   key lengths 1..3000 with the buckets' edges; d 64/128, d_v 64/128): the output against
   torch's SDPA in fp32 (math backend), within ``te_cudnn.testing``'s tolerance of the same
   attention in plain torch ops in the inputs' precision, and against te_cudnn's dense path;
+  the SDPA drop-in takes the packed path for the same call and returns the same tensor;
 * key lengths inside one bucket share their plans (at most two new ones for 40 lengths from
   513 to 1024), and lengths that come back, alternate or run on another stream read their own
   offsets (the key offsets' buffer is rewritten in place);
@@ -82,8 +83,12 @@ def test_matches_torch_and_the_dense_path(index):
         assert out.shape == (b, 1, hg * rep, dv) and out.dtype == dtype and out.is_contiguous(), what
         with sdpa_kernel(SDPBackend.MATH):
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale, enable_gqa=True)
+        drop_in = tc.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)  # packed too
+        packed_one_row(False)
         dense = tc.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        packed_one_row(True)
     got = out.transpose(1, 2)
+    assert torch.equal(drop_in, got) and drop_in.stride() == got.stride(), what
     try:
         check_close("out", got, ref, _lowp(q, k, v, scale), dtype)
     except AssertionError as e:
@@ -118,6 +123,15 @@ def test_lengths_of_one_bucket_share_plans_and_come_back_right():
             with sdpa_kernel(SDPBackend.MATH):
                 ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
             assert rel_error(again.transpose(1, 2), ref) < 2e-2, f"seed={SEED} skv={skv}"
+
+
+def test_a_scale_that_is_not_a_float_is_the_drop_ins_error():
+    gen = torch.Generator(device=DEVICE).manual_seed(SEED)
+    q, k, v = _step(torch.bfloat16, 2, 2, 4, 100, 64, 64, gen)
+    with torch.no_grad():
+        assert attend_one_row(q, k, v, "0.25") is None
+        with pytest.raises(TypeError, match="scale"):
+            tc.scaled_dot_product_attention(q, k, v, scale="0.25", enable_gqa=True)
 
 
 def test_declines_inside_a_capture():
