@@ -28,7 +28,9 @@ Only inference calls qualify: no gradient, no mask, no dropout, not causal (with
 torch's top-left causal mask would hide every key but the first), not while compiling or
 capturing a CUDA graph (those keep their dense graphs: a static cache has one length). The
 Hugging Face attention function and the SDPA drop-in take this path for such calls whose
-signature they have not remembered, when :func:`packed_one_row` is on.
+signature they have not remembered, when :func:`packed_one_row` is on. Where cuDNN declines
+the packed graph (remembered per shape and bucket), the call goes to the door's dense path,
+which computes the same attention or raises its own reasons.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from typing import Optional
 import torch
 
 from .enums import FusedAttnBackend
+from .errors import UnsupportedConfigError
 from .launch import is_capturing
 from .ops import fused_attn_fwd
 from .plans.handles import current_raw_stream as _raw_stream
+from .ragged import bucket_seqlen
 
 __all__ = ["attend_one_row", "packed_views", "packed_one_row", "BUFFER_LIMIT"]
 
@@ -58,13 +62,17 @@ _steps: dict[tuple[int, int], torch.Tensor] = {}
 # (device index, sequences, stream) -> [int32 buffer of the keys' cu_seqlens, the s_kv it holds]
 _kv: dict[tuple[int, int, int], list] = {}
 
+# (dtype, q's THD shape, d, d_v, bucket of s_kv) of packed calls cuDNN declined
+_declined: set[tuple] = set()
+
 _on = [os.environ.get("TE_CUDNN_PACKED_ONE_ROW", "0") == "1"]
 
 
 def packed_one_row(on: Optional[bool] = None) -> bool:
     """Whether the Hugging Face attention function and the SDPA drop-in run one-row inference
-    calls over contiguous caches packed; pass ``on`` to change it. Off unless ``TE_CUDNN_PACKED_ONE_ROW=1`` was in the
-    environment at import. Returns the setting in force before the call."""
+    calls over contiguous caches packed; pass ``on`` to change it. Off unless
+    ``TE_CUDNN_PACKED_ONE_ROW=1`` was in the environment at import. Returns the setting in
+    force before the call."""
     was = _on[0]
     if on is not None:
         _on[0] = bool(on)
@@ -92,11 +100,21 @@ def attend_one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if views is None:
         return None
     q, k, v = views
-    cu_q, cu_kv = _seqlens(query.get_device(), q.shape[0], key.shape[2])
-    out, _ = fused_attn_fwd(
-        False, 1, key.shape[2], cu_q, cu_kv, q, k, v, None, _ARBITRARY, attn_scale=scale, qkv_layout="thd_thd_thd",
-        attn_mask_type="padding", softmax_stats=False,
-    )  # fmt: skip
+    skv = key.shape[2]
+    shape = (query.dtype, q.shape, k.shape[2], v.shape[2], bucket_seqlen(skv))
+    if shape in _declined:
+        return None
+    cu_q, cu_kv = _seqlens(query.get_device(), q.shape[0], skv)
+    try:
+        out, _ = fused_attn_fwd(
+            False, 1, skv, cu_q, cu_kv, q, k, v, None, _ARBITRARY, attn_scale=scale, qkv_layout="thd_thd_thd",
+            attn_mask_type="padding", softmax_stats=False,
+        )  # fmt: skip
+    except UnsupportedConfigError:  # the same call, dense, may be served: the caller's path decides
+        if len(_declined) >= BUFFER_LIMIT:
+            _declined.clear()
+        _declined.add(shape)
+        return None
     b, h = query.shape[:2]
     return out.view(b, 1, h, out.shape[-1])
 
