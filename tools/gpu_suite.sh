@@ -3,7 +3,7 @@
 # the folder named by the LOG_DIR environment variable (default ./gpu-logs).
 #   bash tools/gpu_suite.sh 1   # GPU tests of tests/test_[a-o]*.py
 #   bash tools/gpu_suite.sh 2   # GPU tests of tests/test_[p-z]*.py
-#   bash tools/gpu_suite.sh 3   # the CPU tests with libcudnn present (hypothesis file excluded)
+#   bash tools/gpu_suite.sh 3   # the CPU tests with libcudnn present (the fused_attn property files excluded)
 #   bash tools/gpu_suite.sh files 'tests/test_r*.py' ...   # GPU tests of the files the globs name
 #   bash tools/gpu_suite.sh example   # examples/train_gpt.py with its defaults (about 4 minutes on an H100)
 # Parts 1 and 2 run in chunks of files, one pytest process, log and JUnit file each, and end
@@ -37,7 +37,7 @@ if [ "$part" = example ]; then
   exit "${PIPESTATUS[0]}"
 fi
 if [ "$part" = 3 ]; then
-  files=$(ls tests/test_*.py | grep -v test_properties_cpu.py)
+  files=$(ls tests/test_*.py | grep -v test_properties_fused_attn_)
   python3 -m pytest -n 0 -p no:cacheprovider -q -rfEs -m "not gpu" --junitxml="$LOG_DIR/junit-3.xml" $files 2>&1 \
     | tee "$LOG_DIR/pytest-3.log" | grep -v "^ - \|nanobind" | tail -25
   exit "${PIPESTATUS[0]}"
