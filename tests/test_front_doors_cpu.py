@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from te_cudnn.benchmark import front_doors, front_doors_report, turns
+from te_cudnn.packed_rows import packed_one_row
 
 
 @pytest.fixture
@@ -293,6 +294,26 @@ def test_run_writes_the_report_after_every_section(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "front_doors.json").read_text())
     assert saved["host"] == {"torch SDPA (default backend)": 20.0, "te_cudnn x": 18.0}
     assert "| te_cudnn x | 18.0 | 0.90× |" in (tmp_path / "front_doors.md").read_text()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_report_says_whether_decode_steps_ran_packed(tmp_path, monkeypatch, packed):
+    monkeypatch.setattr(front_doors, "_device", lambda: "a GPU")
+    monkeypatch.setattr(front_doors, "host_doors", lambda: {"torch SDPA (default backend)": 20.0})
+
+    def cut_short():
+        raise RuntimeError("cut short")
+
+    monkeypatch.setattr(front_doors, "dropin_fwd_bwd", cut_short)
+    was = packed_one_row(packed)
+    try:
+        with pytest.raises(RuntimeError, match="cut short"):
+            front_doors.run(tmp_path, hf=False)
+    finally:
+        packed_one_row(was)
+    saved = json.loads((tmp_path / "front_doors.json").read_text())
+    assert saved.get("packed_one_row", False) is packed
+    assert ("ran packed" in (tmp_path / "front_doors.md").read_text()) is packed
 
 
 def test_progress_prints_each_hf_measure_as_it_ends(capsys):

@@ -21,6 +21,9 @@ def markdown(res: dict[str, Any]) -> str:
     """``front_doors.md``: the host table, the drop-in's fwd+bwd table and the Hugging Face tables."""
     lines = ["## Front doors", "", f"Measured on {res['device']}.", "", "### Host µs per cached forward (b=1 h=8 s=128 "
              "d=64 bf16, no gradient)", "", "| call | host µs | vs torch SDPA default |", "|---|---|---|"]  # fmt: skip
+    if res.get("packed_one_row"):
+        lines[3:3] = ["te_cudnn's one-row inference calls over contiguous caches (decode steps) ran packed "
+                      "(`te_cudnn.packed_rows`, `TE_CUDNN_PACKED_ONE_ROW=1`).", ""]
     host = res.get("host", {})
     base = host.get("torch SDPA (default backend)")
     for name, us in host.items():
