@@ -42,7 +42,7 @@ import torch
 
 from .enums import FusedAttnBackend
 from .errors import UnsupportedConfigError
-from .launch import is_capturing
+from .launch import is_capturing, kept
 from .ops import fused_attn_fwd
 from .plans.handles import current_raw_stream as _raw_stream
 from .ragged import bucket_seqlen
@@ -144,18 +144,22 @@ def packed_views(query: torch.Tensor, key: torch.Tensor,
 def _seqlens(index: int, n: int, skv: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The queries' and keys' ``cu_seqlens`` for ``n`` sequences of one query and ``skv`` keys
     each, on device ``index``; the keys' buffer is this stream's and is rewritten (on this
-    stream, so after every launch that read its previous values) only when ``skv`` changed."""
+    stream, so after every launch that read its previous values) only when ``skv`` changed.
+    Both are made by :func:`te_cudnn.launch.kept`: never in a CUDA-graph pool, and never
+    inference tensors (a buffer made under ``torch.inference_mode`` could not be rewritten
+    outside it)."""
     steps = _steps.get((index, n))
     if steps is None:
         if len(_steps) >= BUFFER_LIMIT:
             _steps.clear()
-        steps = _steps[(index, n)] = torch.arange(n + 1, dtype=_INT32, device=f"cuda:{index}")
+        device = torch.device("cuda", index)
+        steps = _steps[(index, n)] = kept(lambda: torch.arange(n + 1, dtype=_INT32, device=device), device)
     key = (index, n, _raw_stream(index))
     held = _kv.get(key)
     if held is None:
         if len(_kv) >= BUFFER_LIMIT:
             _kv.clear()
-        held = _kv[key] = [torch.empty_like(steps), 0]
+        held = _kv[key] = [kept(lambda: torch.empty_like(steps), steps.device), 0]
     if held[1] != skv:
         torch.mul(steps, skv, out=held[0])
         held[1] = skv

@@ -8,7 +8,8 @@
   the SDPA drop-in takes the packed path for the same call and returns the same tensor;
 * key lengths inside one bucket share their plans (at most two new ones for 40 lengths from
   513 to 1024), and lengths that come back, alternate or run on another stream read their own
-  offsets (the key offsets' buffer is rewritten in place);
+  offsets (the key offsets' buffer is rewritten in place), also when it was made under
+  ``torch.inference_mode``;
 * inside a CUDA-graph capture the packed path declines (the dense path serves the capture);
 * a small Llama's greedy ``generate`` with the dynamic cache gives the same tokens packed and
   dense, and its decode logits match ``sdpa``'s.
@@ -123,6 +124,20 @@ def test_lengths_of_one_bucket_share_plans_and_come_back_right():
             with sdpa_kernel(SDPBackend.MATH):
                 ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
             assert rel_error(again.transpose(1, 2), ref) < 2e-2, f"seed={SEED} skv={skv}"
+
+
+def test_buffers_made_in_inference_mode_serve_outside_it():
+    """The first call of a batch size under ``torch.inference_mode`` makes its offset buffers;
+    a later call under ``no_grad`` rewrites them (inference tensors could not be)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(SEED)
+    b, hg, rep = 3, 5, 1  # 15 sequences: a batch size no other test here uses
+    for mode, skv in ((torch.inference_mode, 50), (torch.no_grad, 70), (torch.inference_mode, 90)):
+        q, k, v = _step(torch.bfloat16, b, hg, rep, skv, 64, 64, gen)
+        with mode():
+            out = attend_one_row(q, k, v, None)
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+        assert rel_error(out.transpose(1, 2), ref) < 2e-2, f"seed={SEED} {mode.__name__} skv={skv}"
 
 
 def test_a_scale_that_is_not_a_float_is_the_drop_ins_error():
