@@ -45,7 +45,9 @@ from te_cudnn.policy import explain_config
 from te_cudnn.reference import attention_reference
 from te_cudnn.runtime import current_env
 
-from test_random_gpu import CASES_ENV, SEED_ENV, Case, Side, _compare, _cu, _divisor, _grads, _lens, _seed
+from _random_cases import SEED_ENV, Case, _divisor
+from _random_cases import seed_from_env as _seed
+from test_random_gpu import CASES_ENV, Side, _compare, _cu, _grads, _lens
 
 pytestmark = pytest.mark.gpu
 
