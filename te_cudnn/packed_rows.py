@@ -21,8 +21,11 @@ A THD plan sees only buckets of the token counts and of the longest sequence (se
 key offsets are runtime data: ``cu_seqlens_kv`` lives in a buffer of this module (one per
 batch size, device and stream), rewritten in place (one small kernel) only when ``s_kv``
 changes, so every layer of a step reuses it and te_cudnn's derivation of lengths and offsets
-replays from a CUDA graph (:mod:`te_cudnn.replayed`). Everything else is
-:func:`te_cudnn.fused_attn_fwd`'s own path, with all its checks.
+replays from a CUDA graph (:mod:`te_cudnn.replayed`). The first call of a bucket goes through
+:func:`te_cudnn.fused_attn_fwd`, with all its checks; later calls of that bucket go straight to
+its launcher (``te_cudnn.launchers.general_fwd``, which checks the per-call tensors), keyed by
+what the forward's signature would hold of them: the views' shapes (their strides follow),
+dtype, device, scale, backend policy and the buckets of the token counts, batch and length.
 
 Only inference calls qualify: no gradient, no mask, no dropout, not causal (with one row,
 torch's top-left causal mask would hide every key but the first), not while compiling or
@@ -43,11 +46,15 @@ import torch
 from .enums import FusedAttnBackend
 from .errors import UnsupportedConfigError
 from .launch import is_capturing, kept
+from .launchers import general_fwd
+from .memo import SigMemo
 from .ops import fused_attn_fwd
 from .plans.handles import current_raw_stream as _raw_stream
-from .ragged import bucket_seqlen
+from .policy import token as policy_token
+from .prepared import _dependent_caches
+from .ragged import bucket_batch, bucket_seqlen, bucket_tokens
 
-__all__ = ["attend_one_row", "packed_views", "packed_one_row", "BUFFER_LIMIT"]
+__all__ = ["attend_one_row", "packed_views", "packed_one_row", "signature", "BUFFER_LIMIT"]
 
 _INT32 = torch.int32
 _F16 = (torch.float16, torch.bfloat16)
@@ -64,6 +71,9 @@ _kv: dict[tuple[int, int, int], list] = {}
 
 # (dtype, q's THD shape, d, d_v, bucket of s_kv) of packed calls cuDNN declined
 _declined: set[tuple] = set()
+# the buckets of a packed call -> its prepared forward (forgotten with te_cudnn's other memos)
+_memo = SigMemo(max_entries=256)
+_dependent_caches.append(_memo)
 
 _on = [os.environ.get("TE_CUDNN_PACKED_ONE_ROW", "0") == "1"]
 
@@ -104,19 +114,37 @@ def attend_one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     shape = (query.dtype, q.shape, k.shape[2], v.shape[2], bucket_seqlen(skv))
     if shape in _declined:
         return None
-    cu_q, cu_kv = _seqlens(query.get_device(), q.shape[0], skv)
+    index = query.get_device()
+    cu_q, cu_kv = _seqlens(index, q.shape[0], skv)
+    sig = signature(shape, skv, index, scale)
+    prep = _memo.find(sig)
+    if prep is not None:
+        return general_fwd(prep, q, k, v, None, None, None, None, None, (cu_q, cu_kv, None, None), None, None, None,
+                           None)[0].view(query.shape[0], 1, query.shape[1], v.shape[2])  # fmt: skip
+    prepared: list = []
     try:
         out, _ = fused_attn_fwd(
             False, 1, skv, cu_q, cu_kv, q, k, v, None, _ARBITRARY, attn_scale=scale, qkv_layout="thd_thd_thd",
-            attn_mask_type="padding", softmax_stats=False,
+            attn_mask_type="padding", softmax_stats=False, _prepared=prepared,
         )  # fmt: skip
     except UnsupportedConfigError:  # the same call, dense, may be served: the caller's path decides
         if len(_declined) >= BUFFER_LIMIT:
             _declined.clear()
         _declined.add(shape)
         return None
+    if len(prepared) == 1 and not (prepared[0].plain or prepared[0].empty or prepared[0].head_pad is not None):
+        _memo.remember(sig, prepared[0])  # later calls of these buckets go straight to the launcher
     b, h = query.shape[:2]
     return out.view(b, 1, h, out.shape[-1])
+
+
+def signature(shape: tuple, skv: int, index: int, scale: Optional[float]) -> tuple:
+    """What :func:`te_cudnn.fused_attn_fwd`'s signature of a packed call holds, as a key of its
+    prepared forward: ``shape`` (dtype, q's THD shape, d, d_v, the length's bucket; the views'
+    strides follow from it), the token counts' and batch's buckets (``te_cudnn.ops._thd_buckets``),
+    the device, the scale and the backend policy; the options are constants."""
+    n = shape[1][0]
+    return (shape, bucket_tokens(n), bucket_tokens(n * skv), bucket_batch(n), index, scale, policy_token())
 
 
 def packed_views(query: torch.Tensor, key: torch.Tensor,

@@ -17,7 +17,8 @@ from te_cudnn import packed_rows
 from te_cudnn.backends import REGISTRY, Direction
 from te_cudnn.config import describe_fwd
 from te_cudnn.ops import _thd_buckets
-from te_cudnn.packed_rows import attend_one_row, packed_one_row, packed_views
+from te_cudnn.packed_rows import attend_one_row, packed_one_row, packed_views, signature
+from te_cudnn.ragged import bucket_seqlen
 from te_cudnn.runtime import HOPPER_CUDNN_919
 
 
@@ -135,6 +136,37 @@ def test_one_plan_per_doubling_of_the_key_length():
 
     assert len({buckets(s) for s in (513, 600, 777, 1024)}) == 1
     assert buckets(1025) != buckets(1024)
+
+
+def _key_and_sizes(b, hg, rep, skv, d, dv, scale):
+    """(packed_rows' key of a call, what fused_attn_fwd's signature holds of it), on meta tensors."""
+    h = hg * rep
+    q = torch.empty(b, 1, h, d, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    k = torch.empty(b, hg, skv, d, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(b, hg, skv, dv, dtype=torch.bfloat16, device="meta")
+    pq, pk, pv = packed_views(q, k, v)
+    cu_q, cu_kv = _cu(b * hg, skv)
+    key = signature((torch.bfloat16, pq.shape, d, dv, bucket_seqlen(skv)), skv, 0, scale)
+    sizes = (_thd_buckets(pq.shape, pk.shape, pv.shape, 1, skv, cu_q, cu_kv), pq.stride(), pk.stride(), pv.stride(), scale)
+    return key, sizes
+
+
+@settings(max_examples=300, deadline=None)
+@given(call=st.tuples(st.integers(1, 40), st.sampled_from([1, 2, 8]), st.sampled_from([1, 4]), st.sampled_from([64, 128]),
+                      st.sampled_from([64, 128]), st.sampled_from([None, 0.1])),
+       skv=st.tuples(st.integers(1, 5000), st.integers(1, 5000)), other=st.sampled_from(["length", "batch", "scale"]))  # fmt: skip
+def test_the_packed_key_tells_apart_what_the_forward_signature_does(call, skv, other):
+    """Two packed calls with one key share a prepared forward, so the forward's own signature
+    (the THD buckets, the views' strides, the scale) must agree for them: the calls here differ
+    in the key length, the batch or the scale."""
+    b, hg, rep, d, dv, scale = call
+    first = (b, hg, rep, skv[0], d, dv, scale)
+    second = {"length": (b, hg, rep, skv[1], d, dv, scale), "batch": (b % 40 + 1, hg, rep, skv[0], d, dv, scale),
+              "scale": (b, hg, rep, skv[0], d, dv, 0.3)}[other]  # fmt: skip
+    key_a, sizes_a = _key_and_sizes(*first)
+    key_b, sizes_b = _key_and_sizes(*second)
+    assert (key_a == key_b) <= (sizes_a == sizes_b)
+    assert _key_and_sizes(*first) == (key_a, sizes_a)  # a function of the call
 
 
 class _Attention(torch.nn.Module):
