@@ -30,8 +30,8 @@ dtype, device, scale, backend policy and the buckets of the token counts, batch 
 Only inference calls qualify: no gradient, no mask, no dropout, not causal (with one row,
 torch's top-left causal mask would hide every key but the first), not while compiling or
 capturing a CUDA graph (those keep their dense graphs: a static cache has one length). The
-Hugging Face attention function and the SDPA drop-in take this path for such calls whose
-signature they have not remembered, when :func:`packed_one_row` is on. Where cuDNN declines
+Hugging Face attention function and the SDPA drop-in try this path first for such calls when
+:func:`packed_one_row` is on (before their remembered dense signatures). Where cuDNN declines
 the packed graph (remembered per shape and bucket), the call goes to the door's dense path,
 which computes the same attention or raises its own reasons.
 """

@@ -375,14 +375,14 @@ def scaled_dot_product_attention(
     if attn_mask is None and dropout_p == 0.0 and not _compiling():
         try:
             if not wants_grad(query, key, value):
+                if is_causal is False and query.shape[2] == 1 and (enable_gqa is True or key.shape[1] == query.shape[1]):
+                    out = attend_one_row(query, key, value, scale)  # a decode step over a growing cache (when on)
+                    if out is not None:
+                        return out.transpose(1, 2)
                 sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, False)
                 entry = _LEAN.find(sig)
                 if entry is not None:
                     return run_inference(entry, query, key, value)
-                if is_causal is False and query.shape[2] == 1 and (enable_gqa is True or key.shape[1] == query.shape[1]):
-                    out = attend_one_row(query, key, value, scale)  # a decode step over a growing cache
-                    if out is not None:
-                        return out.transpose(1, 2)
             elif not use_custom_ops():
                 sig = _lean_sig(query, key, value, is_causal, is_causal.__class__, scale, enable_gqa, True)
                 entry = _LEAN.find(sig)

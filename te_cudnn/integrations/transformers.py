@@ -167,16 +167,16 @@ def attention_forward(
         # an inference call (every decode step): a remembered signature goes from here to the launch
         try:
             sq = query.shape[2]
+            if sq == 1:  # a decode step over a cache that grows (DynamicCache), when packed_one_row is on
+                out = attend_one_row(query, key, value, scaling)
+                if out is not None:
+                    return out, None
             causal = sq > 1 and bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
             if not (causal and key.shape[2] > sq):  # else the keys are sliced below
                 window = _window(kwargs.get("sliding_window"), key.shape[2]) if causal else None
                 entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, False))
                 if entry is not None:
                     return run_inference(entry, query, key, value), None
-            if sq == 1:  # a decode step over a cache that grows (DynamicCache): one plan per bucket of lengths
-                out = attend_one_row(query, key, value, scaling)
-                if out is not None:
-                    return out, None
         except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
             pass
     for name, why in _UNSUPPORTED.items():
