@@ -12,14 +12,9 @@ Messages raised by the attention core name its arguments (``q``, ``k``, ``v``, `
 ``attn_scale``); they count as naming the module's argument they stand for, and the summary
 counts how often only such a core name was given (``named-core-name-only``).
 
-Library bugs these properties found are listed in ``KNOWN_BUGS`` (tests/_property_helpers.py,
-each with a reproducer; all fixed, the table stays so that a regression fails naming the bug).
-``TE_CUDNN_PROPERTY_KNOWN_BUGS=record`` counts them as outcomes instead of failing (for a bug
-left open while the rest is measured). Any violation that is not a known bug always fails.
-
-Hypothesis draws a fresh seed each run and prints it in every failure and in the summary
-(``TE_CUDNN_PROPERTY_SEED=N`` replays a run); ``pytest -s`` prints how the examples of each test
-ended. ``TE_CUDNN_PROPERTY_SCALE=10`` runs ten times as many examples. No example database.
+Seeds (``TE_CUDNN_PROPERTY_SEED``), run size (``TE_CUDNN_PROPERTY_SCALE``), the outcome table printed
+with ``pytest -s`` and the known library bugs (``KNOWN_BUGS``, ``TE_CUDNN_PROPERTY_KNOWN_BUGS``):
+see tests/_property_helpers.py.
 """
 
 from __future__ import annotations
