@@ -111,7 +111,7 @@ def test_lengths_of_one_bucket_share_plans_and_come_back_right():
         assert after.builds + after.loads - before.builds - before.loads <= 1, f"seed={SEED}: {after} after {before}"
         # lengths again, alternating, on another stream: each call reads its own key offsets
         side = torch.cuda.Stream()
-        order = [1015, 520, 1015, 611, 520]
+        order = [1014, 520, 1014, 611, 520]
         for i, skv in enumerate(order):
             q, k, v, first = steps[skv]
             if i % 2:
@@ -176,7 +176,7 @@ def test_generate_tokens_equal_dense_and_logits_match_sdpa():
         m.load_state_dict(state)
         models[impl] = m.to(device=DEVICE, dtype=torch.bfloat16).eval()
     gen = torch.Generator(device=DEVICE).manual_seed(SEED)
-    ids = torch.randint(0, 1000, (3, 70), generator=gen, device=DEVICE)
+    ids = torch.randint(1, 1000, (3, 70), generator=gen, device=DEVICE)  # no pad token (0): no mask
     kw = dict(max_new_tokens=40, do_sample=False, min_new_tokens=40, pad_token_id=0)
     with torch.no_grad():
         before = tc.plan_cache.stats()
@@ -188,7 +188,19 @@ def test_generate_tokens_equal_dense_and_logits_match_sdpa():
     # 40 key lengths from 70 to 109: the packed decode steps need at most two plans (lengths and tokens
     # buckets), beside the prefill's
     assert after.builds + after.loads - before.builds - before.loads <= 3, f"seed={SEED}: {after} after {before}"
-    assert torch.equal(packed, dense), f"seed={SEED}: packed and dense decoding chose different tokens"
+    # Greedy decoding of random weights meets near-ties, where the two kernels' rounding may pick
+    # different tokens: the first row and step where they part must be such a tie.
+    differ = (packed != dense).nonzero()
+    if len(differ):
+        row, col = differ[0].tolist()
+        with torch.no_grad():
+            logits = models["sdpa"].float()(packed[row : row + 1, :col]).logits[0, -1]
+            models["sdpa"].to(torch.bfloat16)
+        gap = (logits[packed[row, col]] - logits[dense[row, col]]).abs().item()
+        assert gap <= 0.02 * logits.std().item(), (
+            f"seed={SEED}: packed and dense decoding part at row {row} step {col} where the fp32 logits "
+            f"differ by {gap:.3e} (std {logits.std().item():.3e}), no tie"
+        )
     # one decode step's logits against sdpa's, both against the fp32 full forward's last position
     errs = []
     with torch.no_grad():

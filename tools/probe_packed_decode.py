@@ -37,6 +37,7 @@ def _call_costs(b: int = 4, h: int = 32, hg: int = 8, skv: int = 600, d: int = 6
     transformers = _transformers()
     sdpa = transformers.integrations.sdpa_attention.sdpa_attention_forward
     module = _Module().eval()
+    module.num_key_value_groups = h // hg  # transformers' sdpa reads it (GQA)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(b, hg, skv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
