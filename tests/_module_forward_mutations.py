@@ -10,13 +10,13 @@ FP8 metadata and conflicts, lengths, a non-finite softmax_scale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from hypothesis import strategies as st
 
-from _property_helpers import BF16, FP16, INF, NAN, _moved, _other_device, _with_dim
+from _property_helpers import BF16, FP16, INF, NAN, MutationCase, _moved, _other_device, _with_dim
 
 LAYER = {"q": "query_layer", "k": "key_layer", "v": "value_layer"}
 #: What the module's tensors are called by the attention core (its messages use these).
@@ -25,7 +25,7 @@ CORE_ALIASES = {"query_layer": "q", "key_layer": "k", "value_layer": "v", "core_
 
 
 @dataclass
-class FwdCase:
+class FwdCase(MutationCase):
     ctor: dict[str, Any]
     qkv: list[Any]
     kw: dict[str, Any]
@@ -37,18 +37,9 @@ class FwdCase:
     fp8: bool
     device: str
     dims: tuple  # (b, sq, skv, h, hg, d_qk, d_v, dtype)
-    #: mutation tag -> (names an error may name, known bug id or None, UnsupportedConfigError allowed)
-    errors: dict[str, tuple[frozenset[str], Optional[str], bool]] = field(default_factory=dict)
-    #: questionable parts of a call that is otherwise well-formed: tag -> names an error may name
-    gray: dict[str, frozenset[str]] = field(default_factory=dict)
-    unsupported_ok: bool = False
-    #: known bugs a call of this kind may meet although it is well-formed
-    known: list[str] = field(default_factory=list)
 
-    def error(self, tag: str, names, bug: Optional[str] = None, unsupported: bool = False) -> None:
-        names = set(names)
-        names |= {CORE_ALIASES[n] for n in names if n in CORE_ALIASES}
-        self.errors[tag] = (frozenset(names), bug, unsupported)
+    def aliases(self, names: set[str]) -> set[str]:
+        return {CORE_ALIASES[n] for n in names if n in CORE_ALIASES}
 
 
 def _cu(lengths: list[int], device: str) -> torch.Tensor:

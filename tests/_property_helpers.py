@@ -24,6 +24,7 @@ import inspect
 import os
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pytest
@@ -255,6 +256,28 @@ def _with_dim(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = size
     return torch.empty(shape, dtype=t.dtype, device=t.device)
+
+
+@dataclass
+class MutationCase:
+    """What a property example may raise, filled in as its strategy mutates a well-formed call:
+    ``errors`` maps a mutation tag to (names an error may name, known bug id or None,
+    UnsupportedConfigError allowed); ``gray`` holds questionable parts of an otherwise well-formed
+    call (tag -> names an error may name); ``known`` the known bugs a well-formed call of this kind
+    may meet. Subclasses add the call's own fields and :meth:`aliases`."""
+
+    errors: dict[str, tuple[frozenset[str], Optional[str], bool]] = field(default_factory=dict, kw_only=True)
+    gray: dict[str, frozenset[str]] = field(default_factory=dict, kw_only=True)
+    unsupported_ok: bool = field(default=False, kw_only=True)
+    known: list[str] = field(default_factory=list, kw_only=True)
+
+    def aliases(self, names: set[str]) -> set[str]:
+        """What the attention core calls the entry point's arguments in ``names``."""
+        return set()
+
+    def error(self, tag: str, names, bug: Optional[str] = None, unsupported: bool = False) -> None:
+        names = set(names)
+        self.errors[tag] = (frozenset(names | self.aliases(names)), bug, unsupported)
 
 
 def _judge(test: str, c: Any, err: Optional[BaseException], all_names: frozenset[str], core_names: frozenset[str],

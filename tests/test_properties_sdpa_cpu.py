@@ -21,7 +21,7 @@ see tests/_property_helpers.py.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import pytest
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from te_cudnn import scaled_dot_product_attention
 
 from _property_helpers import (
-    _SCALE, BF16, FP16, INF, NAN, OUTCOMES, SEED, SETTINGS, _describe, _divisors, _judge, _moved, _other_device,
+    _SCALE, BF16, FP16, INF, NAN, OUTCOMES, SEED, SETTINGS, MutationCase, _describe, _divisors, _judge, _moved, _other_device,
     _rarely, _record, _show, _summarize, _with_dim,
 )  # fmt: skip
 
@@ -41,21 +41,15 @@ SDPA_CORE = frozenset({"q", "k", "v", "attn_bias", "attn_scale", "dropout"})
 
 
 @dataclass
-class SdpaCase:
+class SdpaCase(MutationCase):
     qkv: list[Any]
     kw: dict[str, Any]
     device: str
     dims: tuple  # (b, h, hk, sq, skv, d, dv, dtype)
-    errors: dict[str, tuple[frozenset[str], Optional[str], bool]] = field(default_factory=dict)
-    gray: dict[str, frozenset[str]] = field(default_factory=dict)
-    unsupported_ok: bool = False
-    known: list[str] = field(default_factory=list)
 
-    def error(self, tag: str, names, bug: Optional[str] = None, unsupported: bool = False) -> None:
-        names = set(names)
-        names |= {n[0] for n in names if n in ("query", "key", "value")}  # the core's q, k, v
-        names |= {"attn_bias"} if "attn_mask" in names else set()  # the core's word for the mask
-        self.errors[tag] = (frozenset(names), bug, unsupported)
+    def aliases(self, names: set[str]) -> set[str]:
+        core = {n[0] for n in names if n in ("query", "key", "value")}  # the core's q, k, v
+        return core | ({"attn_bias"} if "attn_mask" in names else set())  # the core's word for the mask
 
 
 def _bhsd(draw, b: int, h: int, s: int, d: int, dtype: torch.dtype, device: str) -> torch.Tensor:
