@@ -280,6 +280,20 @@ class MutationCase:
         self.errors[tag] = (frozenset(names | self.aliases(names)), bug, unsupported)
 
 
+def apply_mutations(draw, case: MutationCase, mutations: dict) -> MutationCase:
+    """Apply none, one or two of ``mutations`` (name -> ``fn(draw, case)``, True when it applied)
+    to ``case``, each at most once (a second one could undo the first); returns ``case``."""
+    n = draw(st.sampled_from([0] * 10 + [1] * 8 + [2] * 3))
+    applied: set[str] = set()
+    for _ in range(n):
+        for _attempt in range(8):
+            name = draw(st.sampled_from(sorted(mutations)))
+            if name not in applied and mutations[name](draw, case):
+                applied.add(name)
+                break
+    return case
+
+
 def _judge(test: str, c: Any, err: Optional[BaseException], all_names: frozenset[str], core_names: frozenset[str],
            what: str) -> None:  # fmt: skip
     """The outcome rule shared by the forward and the SDPA properties."""

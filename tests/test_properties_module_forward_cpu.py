@@ -32,7 +32,7 @@ from te_cudnn import DotProductAttention
 from _module_forward_mutations import CORE_ALIASES, FWD_MUTATIONS, FwdCase, _cu, _padding_mask
 from _property_helpers import (
     _SCALE, BF16, CPU_FP8_META, FORMATS, FP16, MASKS, NEEDS_CUDA, OUTCOMES, SEED, SETTINGS, _describe, _divisors,
-    _judge, _names_in, _rarely, _record, _show, _summarize,
+    _judge, _names_in, apply_mutations, _rarely, _record, _show, _summarize,
 )  # fmt: skip
 
 CTOR_NAMES = tuple(inspect.signature(DotProductAttention.__init__).parameters)[1:]
@@ -171,15 +171,7 @@ def forward_cases(draw) -> FwdCase:
                                           (1, 1, 1, skv)]))  # fmt: skip
             kw["core_attention_bias"] = torch.empty(shape, dtype=dtype, device=device)
 
-    n = draw(st.sampled_from([0] * 10 + [1] * 8 + [2] * 3))
-    applied: set[str] = set()  # each mutation once (a second one could undo the first)
-    for _ in range(n):
-        for _attempt in range(8):
-            name = draw(st.sampled_from(sorted(FWD_MUTATIONS)))
-            if name not in applied and FWD_MUTATIONS[name](draw, c):
-                applied.add(name)
-                break
-    return c
+    return apply_mutations(draw, c, FWD_MUTATIONS)
 
 
 @seed(SEED)

@@ -33,7 +33,7 @@ from te_cudnn import scaled_dot_product_attention
 
 from _property_helpers import (
     _SCALE, BF16, FP16, INF, NAN, OUTCOMES, SEED, SETTINGS, MutationCase, _describe, _divisors, _judge, _moved, _other_device,
-    _rarely, _record, _show, _summarize, _with_dim,
+    _rarely, _record, _show, _summarize, _with_dim, apply_mutations,
 )  # fmt: skip
 
 SDPA_NAMES = frozenset(inspect.signature(scaled_dot_product_attention).parameters)
@@ -108,15 +108,7 @@ def sdpa_cases(draw) -> SdpaCase:
     if draw(st.booleans()):
         kw["scale"] = draw(st.sampled_from([None, 0.125, 1, 2.0, 0.0, -0.5]))
 
-    n = draw(st.sampled_from([0] * 10 + [1] * 8 + [2] * 3))
-    applied: set[str] = set()  # each mutation once (a second one could undo the first)
-    for _ in range(n):
-        for _attempt in range(8):
-            name = draw(st.sampled_from(sorted(SDPA_MUTATIONS)))
-            if name not in applied and SDPA_MUTATIONS[name](draw, c):
-                applied.add(name)
-                break
-    return c
+    return apply_mutations(draw, c, SDPA_MUTATIONS)
 
 
 QKV_NAMES = ("query", "key", "value")
