@@ -361,3 +361,22 @@ def test_inference_shortcut_sends_a_misaligned_input_down_the_full_path(remember
     assert not launches.ptrs and len(recorder.calls) == 1 and (out == 1).all()  # the full path's answer
     q_read = recorder.calls[0][0][0]  # the full path copies the unaligned start (its [b, s, h, d] view is contiguous)
     assert q_read.data_ptr() % 16 == 0 and torch.equal(q_read, q_off.transpose(1, 2))
+
+
+def test_training_shortcut_sends_a_remembered_training_signature_to_the_lean_node(remembered, recorder, monkeypatch):
+    from te_cudnn.sdpa import _lean_sig
+
+    (q, k, v), _, _, launches = remembered
+    entry = object()  # what the lean node receives (te_cudnn.lean.LeanTraining on a GPU)
+    te_hf._LEAN.memo.remember(_lean_sig(q, k, v, False, 0.125, None, True), entry, nbytes=0)
+    lean_calls = []
+    monkeypatch.setattr(te_hf, "lean_attention", lambda *args: lean_calls.append(args) or torch.zeros(1))
+    qg = q.clone().requires_grad_()
+    out, weights = te_hf.attention_forward(Module(), qg, k, v, None, dropout=0.0, scaling=0.125, position_ids=None)
+    assert weights is None and len(lean_calls) == 1 and lean_calls[0][0] is entry and lean_calls[0][1] is qg
+    assert not recorder.calls and not launches.ptrs
+    te_hf.attention_forward(Module(), q, k, v, None, scaling=0.125)  # grad on, nothing requires it: inference
+    assert len(launches.ptrs) == 1 and len(lean_calls) == 1
+    monkeypatch.setattr(te_hf, "use_custom_ops", lambda: True)  # compiling or capturing: the custom ops' path
+    te_hf.attention_forward(Module(), qg, k, v, None, scaling=0.125)
+    assert len(lean_calls) == 1 and len(recorder.calls) == 1

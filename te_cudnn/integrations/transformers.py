@@ -163,20 +163,24 @@ def attention_forward(
     per forward for all layers.
     """
     if attention_mask is None and _INERT_KWARGS.issuperset(kwargs) and not (dropout and getattr(module, "training", True)) \
-            and not _grad_enabled() and not _is_compiling():  # fmt: skip
-        # an inference call (every decode step): a remembered signature goes from here to the launch
+            and not _is_compiling():  # fmt: skip
+        # a remembered signature goes from here to the launch: every decode step, and every
+        # training forward after the first (autograd records it through one lean node)
         try:
             sq = query.shape[2]
-            if sq == 1:  # a decode step over a cache that grows (DynamicCache), when packed_one_row is on
+            grad = _grad_enabled()
+            recorded = grad and wants_grad(query, key, value)
+            if sq == 1 and not grad:  # a decode step over a cache that grows (DynamicCache), when packed_one_row is on
                 out = attend_one_row(query, key, value, scaling)
                 if out is not None:
                     return out, None
             causal = sq > 1 and bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-            if not (causal and key.shape[2] > sq):  # else the keys are sliced below
+            if not (causal and key.shape[2] > sq) and not (recorded and use_custom_ops()):  # else sliced below
                 window = _window(kwargs.get("sliding_window"), key.shape[2]) if causal else None
-                entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, False))
+                entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, recorded))
                 if entry is not None:
-                    return run_inference(entry, query, key, value), None
+                    return (lean_attention(entry, query, key, value) if recorded else run_inference(entry, query, key, value),
+                            None)  # fmt: skip
         except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
             pass
     for name, why in _UNSUPPORTED.items():
