@@ -5,7 +5,8 @@ Both take the Llama layer's tensors (``[b, h, s, d]`` views of ``[b, s, h, d]`` 
 require grad, 32 query heads over 8 KV heads, d=64, bf16, causal). For each it prints
 
 * host µs per forward and per forward + backward (``out.backward``) at a small shape
-  (b=1, s=128), where the host paces the GPU, medians over rounds taken in turns;
+  (b=1, s=128), where the host paces the GPU, and at the training shape behind a spin (only
+  host time counts), medians over rounds taken in turns;
 * under ``torch.profiler`` at the training shape (b=2, s=2048): per call, the CPU ops of the
   forward and of the backward node (the backward runs on autograd's device thread, which
   ``cProfile`` does not see), the CUDA API calls and the kernels.
@@ -24,6 +25,7 @@ import torch
 
 from te_cudnn.benchmark.front_doors import _Stub, _transformers
 from te_cudnn.integrations import transformers as te_hf
+from te_cudnn.timing import host_medians, spin, spin_ended, spin_rate
 
 _API_PREFIXES = ("cuda", "cu")
 
@@ -53,45 +55,32 @@ def _calls(fn, b: int, s: int):
     return fwd, fwd_bwd
 
 
-def _host_us(fns: dict, rounds: int, calls: int) -> dict:
-    times: dict = collections.defaultdict(list)
-    for fn in fns.values():
-        for _ in range(20):
-            fn()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
-def _behind_sleep_us(fns: dict, rounds: int, calls: int = 20) -> dict:
-    """Host µs per call while a sleeping kernel keeps the GPU busy (the host never waits on it)."""
+def _behind_spin_us(fns: dict, rounds: int, calls: int = 20) -> dict:
+    """Host µs per call while a spin keeps the GPU busy, so that the host never waits on it
+    (rounds in turns; a round whose spin ended before its calls were queued is left out)."""
+    rate = spin_rate(0)
     times: dict = collections.defaultdict(list)
     for _ in range(rounds):
         for name, fn in fns.items():
             torch.cuda.synchronize()
-            torch.cuda._sleep(200_000_000)
+            spun = spin(100.0, rate)
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            elapsed = time.perf_counter() - t0
+            if not spin_ended(spun):
+                times[name].append(elapsed / calls * 1e6)
     torch.cuda.synchronize()
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def _profile(fn, iters: int, stack: bool = False) -> dict:
+def _profile(fn, iters: int) -> dict:
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
@@ -119,25 +108,23 @@ def main() -> int:
     impls = {"sdpa": transformers.integrations.sdpa_attention.sdpa_attention_forward,
              "te_cudnn": te_hf.attention_forward}  # fmt: skip
     small = {name: _calls(fn, 1, 128) for name, fn in impls.items()}
-    host = _host_us({f"{n} {kind}": c[i] for n, c in small.items() for i, kind in enumerate(("fwd", "fwd+bwd"))},
-                    a.rounds, 200)  # fmt: skip
+    host = host_medians({f"{n} {kind}": c[i] for n, c in small.items() for i, kind in enumerate(("fwd", "fwd+bwd"))},
+                        a.rounds, 200, warmup=20)  # fmt: skip
     print("host µs per call, b=1 s=128 (median of rounds in turns):")
     for name, us in host.items():
         print(f"  {name:22s} {us:8.1f}")
     large = {name: _calls(fn, 2, 2048) for name, fn in impls.items()}
-    busy = _behind_sleep_us({f"{n} {kind}": c[i] for n, c in large.items() for i, kind in enumerate(("fwd", "fwd+bwd"))},
-                            a.rounds)  # fmt: skip
-    print("host µs per call, b=2 s=2048, behind a sleeping kernel (median of rounds in turns):")
+    busy = _behind_spin_us({f"{n} {kind}": c[i] for n, c in large.items() for i, kind in enumerate(("fwd", "fwd+bwd"))},
+                           a.rounds)  # fmt: skip
+    print("host µs per call, b=2 s=2048, behind a spin (median of rounds in turns):")
     for name, us in busy.items():
         print(f"  {name:22s} {us:8.1f}")
-    for name, fn in impls.items():
-        for stack in (False, True):
-            rows = _profile(large[name][1], a.iters, stack)
-            print(f"\n{name}, b=2 s=2048 fwd+bwd under torch.profiler{' with Python stacks' if stack else ''}: per call, "
-                  "mean µs (CPU for ops and API calls)")  # fmt: skip
-            for (kind, ev), (count, us) in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[1][0] * kv[1][1])):
-                if count >= 0.5 and (not stack or kind == "op"):
-                    print(f"  {kind:6s} {count:5.2f} x {us:9.2f}  {ev[:120]}")
+    for name in impls:
+        rows = _profile(large[name][1], a.iters)
+        print(f"\n{name}, b=2 s=2048 fwd+bwd under torch.profiler: per call, mean µs (CPU for ops and API calls)")
+        for (kind, ev), (count, us) in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[1][0] * kv[1][1])):
+            if count >= 0.5:
+                print(f"  {kind:6s} {count:5.2f} x {us:9.2f}  {ev[:120]}")
     return 0
 
 
