@@ -380,3 +380,17 @@ def test_training_shortcut_sends_a_remembered_training_signature_to_the_lean_nod
     monkeypatch.setattr(te_hf, "use_custom_ops", lambda: True)  # compiling or capturing: the custom ops' path
     te_hf.attention_forward(Module(), qg, k, v, None, scaling=0.125)
     assert len(lean_calls) == 1 and len(recorder.calls) == 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_call_of_a_new_signature_computes_it_once(recorder, monkeypatch, grad):
+    from te_cudnn.sdpa import _lean_sig
+
+    sigs = []
+    monkeypatch.setattr(te_hf, "_lean_sig", lambda *args: sigs.append(args[3:]) or _lean_sig(*args))
+    q, k, v = _qkv()
+    te_hf.attention_forward(Module(), q.requires_grad_(grad), k, v, None, scaling=0.125, position_ids=None)
+    assert sigs == [(True, 0.125, None, grad)] and len(recorder.calls) == 1  # then the full path, once
+    sigs.clear()
+    te_hf.attention_forward(Module(), q, k, v, None, scaling=0.125, output_attentions=False)  # not inert: below
+    assert sigs == [(True, 0.125, None, grad)] and len(recorder.calls) == 2

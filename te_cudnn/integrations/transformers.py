@@ -162,6 +162,7 @@ def attention_forward(
     Masks cost a bias tensor (see :func:`te_cudnn.scaled_dot_product_attention`), built once
     per forward for all layers.
     """
+    sig = recorded = None  # a signature computed here is the one the call is remembered under
     if attention_mask is None and _INERT_KWARGS.issuperset(kwargs) and not (dropout and getattr(module, "training", True)) \
             and not _is_compiling():  # fmt: skip
         # a remembered signature goes from here to the launch: every decode step, and every
@@ -177,12 +178,13 @@ def attention_forward(
             causal = sq > 1 and bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
             if not (causal and key.shape[2] > sq) and not (recorded and use_custom_ops()):  # else sliced below
                 window = _window(kwargs.get("sliding_window"), key.shape[2]) if causal else None
-                entry = _LEAN.find(_lean_sig(query, key, value, causal, scaling, window, recorded))
+                sig = _lean_sig(query, key, value, causal, scaling, window, recorded)
+                entry = _LEAN.find(sig)
                 if entry is not None:
                     return (lean_attention(entry, query, key, value) if recorded else run_inference(entry, query, key, value),
                             None)  # fmt: skip
         except (AttributeError, TypeError, MisalignedError):  # the checks below name what is wrong
-            pass
+            sig = None
     for name, why in _UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             summary = f"attn_implementation te_cudnn on {type(module).__name__} with {name}"
@@ -206,9 +208,8 @@ def attention_forward(
     window = _window(kwargs.get("sliding_window"), skv) if is_causal else None  # is_causal: no mask
     s_aux = kwargs.get("s_aux")
     training = getattr(module, "training", True)
-    sig = recorded = None
-    if attention_mask is None and position_bias is None and s_aux is None and not (training and dropout) \
-            and not _compiling():  # fmt: skip
+    if sig is None and attention_mask is None and position_bias is None and s_aux is None \
+            and not (training and dropout) and not _compiling():  # fmt: skip
         try:
             if not wants_grad(query, key, value):
                 sig = _lean_sig(query, key, value, is_causal, scaling, window, False)
