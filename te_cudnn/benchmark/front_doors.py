@@ -351,9 +351,9 @@ class _PythonNode(torch.autograd.Function):
 
 def _python_node_sdpa(transformers) -> str:
     """Register (under the returned name) transformers' sdpa attention with its output passed
-    through :class:`_PythonNode`: the same kernels as ``sdpa``, plus what any attention written
-    in Python pays per layer in a training step (its autograd node, run in the backward on
-    autograd's device thread)."""
+    through :class:`_PythonNode`: the same kernels as ``sdpa``, plus what one more autograd node
+    per layer costs a training step (run in the backward on autograd's device thread; a node
+    compiled in C++ costs as much: ``tools/probe_python_node.py``)."""
     from transformers.masking_utils import sdpa_mask  # noqa: PLC0415 - optional dependency
 
     sdpa = transformers.integrations.sdpa_attention.sdpa_attention_forward

@@ -65,8 +65,8 @@ def markdown(res: dict[str, Any]) -> str:
                            "attention implementation changes step by step or call by call." if switched else
                            "Prefill and the training step run on one model whose attention implementation changes "
                            "call by call.") + " Controls of the same turns: `sdpa` against itself (the measure's own "
-                      "spread), and `sdpa` with one Python autograd node per layer that launches nothing (what any "
-                      "attention written in Python pays in a training step).", "",
+                      "spread), and `sdpa` with one Python autograd node per layer that launches nothing (what one "
+                      "more autograd node per layer costs a training step).", "",
                       "| measure | pair | paired ratio (95 % interval) |", "|---|---|---|"]  # fmt: skip
             for measure, pairs in controls.items():
                 for pair, (med, low, high) in pairs.items():
