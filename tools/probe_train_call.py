@@ -27,8 +27,7 @@ from te_cudnn.benchmark.front_doors import _Stub, _transformers
 from te_cudnn.integrations import transformers as te_hf
 from te_cudnn.timing import host_medians, spin, spin_ended, spin_rate
 
-_API_PREFIXES = ("cuda", "cu")
-
+from probe_host_api_calls import profile_calls  # tools/ (on sys.path when run as a script)
 
 def _tensors(b: int, s: int, h: int = 32, hg: int = 8, d: int = 64):
     def leaf(heads):
@@ -74,28 +73,6 @@ def _behind_spin_us(fns: dict, rounds: int, calls: int = 20) -> dict:
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def _profile(fn, iters: int) -> dict:
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    rows: dict = collections.defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            rows[("kernel", ev.name)].append(ev.device_time_total)
-        elif ev.name.startswith(_API_PREFIXES):
-            if ev.name != "cudaDeviceSynchronize":
-                rows[("api", ev.name)].append(ev.cpu_time_total)
-        else:
-            rows[("op", ev.name)].append(ev.cpu_time_total)
-    return {key: (len(v) / iters, sum(v) / len(v)) for key, v in rows.items()}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=50)
@@ -120,11 +97,12 @@ def main() -> int:
     for name, us in busy.items():
         print(f"  {name:22s} {us:8.1f}")
     for name in impls:
-        rows = _profile(large[name][1], a.iters)
-        print(f"\n{name}, b=2 s=2048 fwd+bwd under torch.profiler: per call, mean µs (CPU for ops and API calls)")
-        for (kind, ev), (count, us) in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[1][0] * kv[1][1])):
-            if count >= 0.5:
-                print(f"  {kind:6s} {count:5.2f} x {us:9.2f}  {ev[:120]}")
+        res = profile_calls(large[name][1], a.iters)
+        print(f"\n{name}, b=2 s=2048 fwd+bwd under torch.profiler: per call, mean µs (host for ops and API calls)")
+        for kind in ("ops", "api", "kernels"):
+            for ev, (count, us) in sorted(res[kind].items(), key=lambda kv: -kv[1][0] * kv[1][1]):
+                if count >= 0.5:
+                    print(f"  {kind:7s} {count:5.2f} x {us:9.2f}  {ev[:120]}")
     return 0
 
 
