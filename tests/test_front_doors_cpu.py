@@ -94,16 +94,33 @@ def test_report_lists_the_controls_of_the_switched_measures():
            "hf": {"model": "m", "sdpa": {"training step ms": 70.0}, "te_cudnn": {"training step ms": 70.7},
                   "controls, paired by turn (median, 95 % interval)": controls}}  # fmt: skip
     md = front_doors_report.markdown(res)
-    assert "| training step ms | sdpa, again / sdpa | 1.001 (0.998–1.004) |" in md
-    assert "| training step ms | sdpa + one Python autograd node / sdpa | 1.009 (1.005–1.013) |" in md
+    assert "| training step ms | sdpa, again / sdpa |  | 1.001 (0.998–1.004) |" in md  # a report without medians
+    assert "| training step ms | sdpa + one Python autograd node / sdpa |  | 1.009 (1.005–1.013) |" in md
     assert "Prefill and the training step run on one model" in md
     measure = "generate b=4 dynamic cache tokens/s (implementations switched step by step)"
-    controls[measure] = {"sdpa, again / sdpa": [1.0, 0.999, 1.002]}
+    controls[measure] = {"sdpa, again / sdpa": [1.0, 0.999, 1.002, 1.004]}
     res["hf"]["sdpa"][measure], res["hf"]["te_cudnn"][measure] = 300.0, 303.0
     md = front_doors_report.markdown(res)
     assert f"| {measure} | 300.0 | 303.0 | 1.010 |  |" in md
-    assert f"| {measure} | sdpa, again / sdpa | 1.000 (0.999–1.002) |" in md
+    assert f"| {measure} | sdpa, again / sdpa | 1.004 | 1.000 (0.999–1.002) |" in md
     assert "The switched generate steps, prefill and the training step run on one model" in md
+
+
+def test_control_pairs_give_the_paired_ratio_and_the_ratio_of_medians():
+    """A measure's controls: sdpa against itself (whole generate calls take the sdpa model's call
+    twice per turn) and, in training, the Python-node pairs; each with its paired ratio and its
+    ratio of medians, only for the contenders that ran."""
+    again, node = front_doors._AGAIN, front_doors._NODE
+    samples = {"sdpa": [10.0, 20.0, 10.0], "te_cudnn": [11.0, 19.0, 10.0], again: [12.0, 20.0, 11.0]}
+    medians = {"sdpa": 10.0, "te_cudnn": 11.0, again: 12.0}
+    got = front_doors.control_pairs(samples, medians)
+    assert list(got) == [f"{again} / sdpa"]  # no Python-node contender ran
+    med, low, high, of_medians = got[f"{again} / sdpa"]
+    assert med == pytest.approx(1.1) and low <= med <= high  # turn ratios 1.2, 1.0, 1.1
+    assert of_medians == pytest.approx(1.2)
+    samples[node], medians[node] = [10.0, 20.0, 10.0], 10.0
+    assert list(front_doors.control_pairs(samples, medians)) == [f"{again} / sdpa", f"{node} / sdpa",
+                                                                 f"te_cudnn / {node}"]  # fmt: skip
 
 
 def test_report_gives_the_paced_columns_beside_the_back_to_back_ones():

@@ -49,7 +49,7 @@ from .front_doors_report import HF_PAIRED, replot, write
 from .ratios import paired_ratio
 from .turns import StepClock, SwitchingSteps, alternating, decode_in_lockstep
 
-__all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "run", "main"]
+__all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "control_pairs", "run", "main"]
 
 BF16 = torch.bfloat16
 #: drop-in fwd+bwd shapes: (b, h, h_kv, s, d), causal
@@ -225,16 +225,23 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
 
     intervals: dict[str, list[float]] = {}
 
+    controls: dict[str, dict[str, list[float]]] = {}
+
+    def control(measure: str, samples: dict[str, list[float]], medians: dict[str, float]) -> None:
+        found = control_pairs(samples, medians)
+        if found:
+            controls[measure] = found
+
     def record(measure: str, fns: dict[str, Callable[[], Any]], reps: int, per: Callable[[float], float]) -> None:
         samples: dict[str, list[float]] = {}
         for impl, sec in alternating(fns, reps, samples).items():
-            r[impl][measure] = per(sec)
-        paired = paired_ratio([per(x) for x in samples["te_cudnn"]], [per(x) for x in samples["sdpa"]])
+            r.setdefault(impl, {})[measure] = per(sec)
+        rates = {impl: [per(x) for x in secs] for impl, secs in samples.items()}
+        paired = paired_ratio(rates["te_cudnn"], rates["sdpa"])
         if paired is not None:
             intervals[measure] = list(paired)
+        control(measure, rates, {impl: r[impl][measure] for impl in rates})
         _progress(measure, r, intervals)
-
-    controls: dict[str, dict[str, list[float]]] = {}
 
     def record_rates(measure: str, seconds: dict[str, list[float]], tokens: int) -> None:
         """Tokens/s from seconds per sample of ``tokens`` tokens, paired sample by sample
@@ -245,8 +252,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         paired = paired_ratio(samples["te_cudnn"], samples["sdpa"])
         if paired is not None:
             intervals[measure] = list(paired)
-        if _AGAIN in samples:
-            controls[measure] = {f"{_AGAIN} / sdpa": list(paired_ratio(samples[_AGAIN], samples["sdpa"]))}
+        control(measure, samples, {impl: r[impl][measure] for impl in samples})
         _progress(measure, r, intervals)
 
     def switched(measure: str, fns: dict[str, Callable[[], Any]], reps: int, switch: dict) -> None:
@@ -256,9 +262,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         for impl, sec in alternating(fns, reps, samples, switch).items():
             r.setdefault(impl, {})[measure] = sec * 1e3
         intervals[measure] = list(paired_ratio(samples["te_cudnn"], samples["sdpa"]))
-        pairs = [(_AGAIN, "sdpa"), (_NODE, "sdpa"), ("te_cudnn", _NODE)]
-        controls[measure] = {f"{a} / {b}": list(paired_ratio(samples[a], samples[b])) for a, b in pairs
-                             if a in samples and b in samples}  # fmt: skip
+        control(measure, samples, {impl: r[impl][measure] for impl in samples})
         _progress(measure, r, intervals)
 
     # The switched measures run on the sdpa model, its implementation changed between steps or calls.
@@ -270,9 +274,11 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
         rate = lambda sec, b=b: b * new_tokens / sec  # noqa: E731
         with torch.no_grad():
-            clocks = {i: StepClock() for i in models}
+            # whole calls, with the sdpa model's calls taken twice per turn (its own spread)
+            whole = {**models, _AGAIN: models["sdpa"]}
+            clocks = {i: StepClock() for i in whole}
             record(f"generate b={b} dynamic cache tokens/s",
-                   {i: (lambda m=m, c=clocks[i]: m.generate(ids, streamer=c, **kw)) for i, m in models.items()},
+                   {i: (lambda m=m, c=clocks[i]: m.generate(ids, streamer=c, **kw)) for i, m in whole.items()},
                    reps, rate)  # fmt: skip
             # each generate's median step (the warm-up call's left out), then steps in lockstep
             record_rates(f"decode b={b} dynamic cache tokens/s (median step)",
@@ -324,6 +330,15 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
     res[HF_PAIRED] = intervals
     res["controls, paired by turn (median, 95 % interval)"] = controls
     return res
+
+
+def control_pairs(samples: dict[str, list[float]], medians: dict[str, float]) -> dict[str, list[float]]:
+    """The controls of one measure: for each pair whose contenders ``samples`` (per-turn samples)
+    has, ``[paired median, low, high, ratio of medians]`` (``_AGAIN`` / ``sdpa``: the measure's
+    own spread; the Python-node pairs: what one more autograd node per layer costs)."""
+    pairs = [(_AGAIN, "sdpa"), (_NODE, "sdpa"), ("te_cudnn", _NODE)]
+    return {f"{a} / {b}": [*paired_ratio(samples[a], samples[b]), medians[a] / medians[b]] for a, b in pairs
+            if a in samples and b in samples}  # fmt: skip
 
 
 def _progress(measure: str, r: dict[str, dict[str, Any]], intervals: dict[str, list[float]]) -> None:
