@@ -20,10 +20,11 @@ import statistics
 
 import torch
 
-from te_cudnn.benchmark.front_doors import _llama_config, _transformers, _transformers_quiet
+from te_cudnn.benchmark.front_doors import _transformers_quiet
 from te_cudnn.benchmark.ratios import paired_ratio
 from te_cudnn.benchmark.turns import StepClock, alternating
-from te_cudnn.integrations import transformers as te_hf
+
+from probe_packed_decode import llama_models  # tools/ (on sys.path when run as a script)
 
 
 def _phase(name: str, models: dict, ids: torch.Tensor, turns: int, new_tokens: int) -> None:
@@ -53,14 +54,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("probe_generate_spread: needs a CUDA device")
         return 2
-    transformers = _transformers()
-    te_hf.register()
-    torch.manual_seed(0)
-    models = {}
-    for impl in ("sdpa", "te_cudnn"):
-        m = transformers.AutoModelForCausalLM.from_config(_llama_config(), attn_implementation=impl)
-        models[impl] = m.to(device="cuda", dtype=torch.bfloat16).eval()
-    models["te_cudnn"].load_state_dict(models["sdpa"].state_dict())
+    models = llama_models()
     ids = torch.randint(0, 32000, (1, 512), device="cuda")
     with torch.no_grad(), _transformers_quiet():
         _phase("free", models, ids, a.turns, a.new_tokens)

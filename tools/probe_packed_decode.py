@@ -82,7 +82,9 @@ def _call_costs(b: int = 4, h: int = 32, hg: int = 8, skv: int = 600, d: int = 6
         print(f"  {name:32s} host {host[name]:6.1f} µs{extra}")
 
 
-def _generate(turns: int, prompt: int = 333, new_tokens: int = 128, b: int = 4) -> None:
+def llama_models() -> dict:
+    """The front-door benchmark's Llama as ``"sdpa"`` and ``"te_cudnn"`` models with the same
+    random weights, each built from its own config, on the GPU in bf16, in eval mode."""
     transformers = _transformers()
     te_hf.register()
     torch.manual_seed(0)
@@ -91,6 +93,11 @@ def _generate(turns: int, prompt: int = 333, new_tokens: int = 128, b: int = 4) 
         m = transformers.AutoModelForCausalLM.from_config(_llama_config(), attn_implementation=impl)
         models[impl] = m.to(device="cuda", dtype=torch.bfloat16).eval()
     models["te_cudnn"].load_state_dict(models["sdpa"].state_dict())
+    return models
+
+
+def _generate(turns: int, prompt: int = 333, new_tokens: int = 128, b: int = 4) -> None:
+    models = llama_models()
     ids = torch.randint(0, 32000, (b, prompt), device="cuda")
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     runs = {"sdpa": ("sdpa", None), "te_cudnn packed": ("te_cudnn", True), "te_cudnn dense": ("te_cudnn", False)}

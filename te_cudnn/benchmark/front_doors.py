@@ -12,10 +12,12 @@
   with ``mode="reduce-overhead"`` (whole calls taking turns call by call, and their decode
   steps alone), dynamic-cache decode steps also in lockstep and switched step by step inside
   one ``generate`` call, prefill and one training step, te_cudnn against ``sdpa`` (host time
-  drifts; see :mod:`te_cudnn.benchmark.turns`): whole generate calls on two models; the
-  switched steps, prefill and the training step on one model whose attention implementation
-  is switched between steps or calls, with controls (``sdpa`` against itself, and, in
-  training, ``sdpa`` plus one Python autograd node per layer: :func:`_python_node_sdpa`).
+  drifts; see :mod:`te_cudnn.benchmark.turns`): whole generate calls on two models, the
+  ``sdpa`` model's call taken twice per turn; the switched steps, prefill and the training
+  step on one model whose attention implementation is switched between steps or calls; with
+  controls (``sdpa`` against itself, and, in training, ``sdpa`` plus one Python autograd node
+  per layer: :func:`_python_node_sdpa`), each with its paired ratio and ratio of medians
+  (:func:`control_pairs`).
 
 ``python -m te_cudnn.benchmark.front_doors --out DIR`` writes ``front_doors.json``,
 ``front_doors.md`` and ``front_doors.png`` (with matplotlib) there.
