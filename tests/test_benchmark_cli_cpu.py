@@ -172,6 +172,29 @@ def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
     assert module.__doc__ and module.__doc__.strip(), f"tools/{script}.py has no docstring"
 
 
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("probe_decode_engines", ["--shapes", "1x"], "expected comma-separated BxL"),
+    ("probe_decode_engines", ["--shapes", "0x600"], "expected comma-separated BxL"),
+    ("probe_decode_engines", ["--rounds", "0"], "must be >= 1, got 0"),
+    ("probe_generate_spread", ["--turns", "x"], "expected a whole number, got 'x'"),
+])  # fmt: skip
+def test_probe_options_refuse_bad_values_with_a_message(script, argv, message, capsys) -> None:
+    """A mistyped option ends in argparse's usage error naming the option, not a traceback on
+    the GPU machine."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        module = importlib.import_module(script)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and argv[0] in err
+
+
 def test_front_doors_option_parses_all_or_no_hf() -> None:
     assert cli.build_parser().parse_args([]).front_doors is None
     assert cli.build_parser().parse_args(["--front-doors"]).front_doors == "all"

@@ -96,18 +96,39 @@ def _probe(b: int, skv: int, rounds: int, calls: int, rate: float, h: int = 32, 
               f"  {notes.get(name, '')}")
 
 
-def main() -> int:
+def _count(text: str) -> int:
+    """A whole number >= 1 (argparse's type for --rounds and --calls)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """``"1x600,4x600"`` as ``[(1, 600), (4, 600)]``: batch and key length, each >= 1."""
+    try:
+        shapes = [tuple(int(x) for x in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated BxL with B, L >= 1 (e.g. 1x600,4x600), got {text!r}")
+    return shapes
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--calls", type=int, default=300)
-    p.add_argument("--shapes", default="1x600,4x600,1x2048", help="comma-separated BxL")
-    a = p.parse_args()
+    p.add_argument("--rounds", type=_count, default=7)
+    p.add_argument("--calls", type=_count, default=300)
+    p.add_argument("--shapes", type=_shapes, default="1x600,4x600,1x2048", help="comma-separated BxL")
+    a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_decode_engines: needs a CUDA device")
         return 2
     rate = spin_rate(0)
-    for shape in a.shapes.split(","):
-        b, skv = (int(x) for x in shape.split("x"))
+    for b, skv in a.shapes:
         _probe(b, skv, a.rounds, a.calls, rate)
     return 0
 

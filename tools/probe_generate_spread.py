@@ -24,7 +24,8 @@ from te_cudnn.benchmark.front_doors import _transformers_quiet
 from te_cudnn.benchmark.ratios import paired_ratio
 from te_cudnn.benchmark.turns import StepClock, alternating
 
-from probe_packed_decode import llama_models  # tools/ (on sys.path when run as a script)
+from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
+from probe_packed_decode import llama_models
 
 
 def _phase(name: str, models: dict, ids: torch.Tensor, turns: int, new_tokens: int) -> None:
@@ -46,11 +47,11 @@ def _phase(name: str, models: dict, ids: torch.Tensor, turns: int, new_tokens: i
               f"ratio of medians {statistics.median(seconds['sdpa']) / statistics.median(seconds[a]):.3f}")
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--turns", type=int, default=12)
-    p.add_argument("--new-tokens", type=int, default=128)
-    a = p.parse_args()
+    p.add_argument("--turns", type=_count, default=12)
+    p.add_argument("--new-tokens", type=_count, default=128)
+    a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_generate_spread: needs a CUDA device")
         return 2
