@@ -201,7 +201,7 @@ def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
 
 
 
-def test_switching_steps_hands_the_steps_to_the_contenders_in_reversing_turns(monkeypatch):
+def test_switching_steps_hands_the_steps_to_the_contenders_in_rotating_turns(monkeypatch):
     clock = iter(float(t) for t in range(100))
     monkeypatch.setattr(turns.time, "perf_counter", lambda: next(clock))
     selected = []
@@ -209,15 +209,32 @@ def test_switching_steps_hands_the_steps_to_the_contenders_in_reversing_turns(mo
     for _ in range(9):  # the prompt, then eight tokens: seven steps, two complete turns
         steps.put(None)
     steps.end()
-    # the prefill runs on "a" (untimed); the steps: a b c | c b a | a b (incomplete, dropped)
-    assert selected == ["a", "a", "b", "c", "c", "b", "a", "a", "b"]  # the last token starts a step never timed
+    # the prefill runs on the turn's last contender (untimed); the steps: a b c | b c a | c (dropped)
+    assert selected == ["c", "a", "b", "c", "b", "c", "a", "c", "a"]  # the last token starts a step never timed
     # each put stamps once on arrival and once after switching: every step takes 1 tick
     assert steps.seconds == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    assert all(x != y for x, y in zip(selected, selected[1:]))  # every step follows another implementation
     selected.clear()
     for _ in range(3):  # the next call starts afresh: its prefill untimed, one incomplete turn
         steps.put(None)
     steps.end()
-    assert selected == ["c", "c", "b"] and len(steps.seconds["a"]) == 2  # the order keeps reversing
+    assert selected == ["c", "a", "b"] and len(steps.seconds["a"]) == 2  # the order keeps rotating
+
+
+def test_turns_rotate_so_that_every_contender_takes_every_place_and_none_follows_itself(no_sync, monkeypatch):
+    """Reversing the order of three would keep the middle one always after another contender,
+    and let the other two follow themselves every other turn."""
+    calls, clock = [], iter(range(1000))
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: float(next(clock)))
+    names = ("sdpa", "te_cudnn", "sdpa, again")
+    fns = {name: (lambda name=name: calls.append(name)) for name in names}
+    turns.alternating(fns, 6, {})
+    timed = calls[len(names):]
+    assert timed[:6] == ["sdpa", "te_cudnn", "sdpa, again", "te_cudnn", "sdpa, again", "sdpa"]
+    assert all(x != y for x, y in zip(timed, timed[1:]))
+    places = {name: sorted(i % 3 for i, n in enumerate(timed) if n == name) for name in names}
+    assert all(p == [0, 0, 1, 1, 2, 2] for p in places.values()), places
+    assert turns.next_turn([1, 2, 3]) == [2, 3, 1]
 
 
 def test_switching_steps_needs_two_contenders():
@@ -246,7 +263,7 @@ def test_switching_steps_runs_inside_generate_with_the_implementation_switched()
         switched = model.generate(ids, streamer=steps, **kw)
         model.set_attn_implementation("sdpa")
         plain = model.generate(ids, **kw)
-    assert seen[:7] == ["sdpa", "sdpa", "eager", "eager", "sdpa", "sdpa", "eager"]  # prefill, then the steps
+    assert seen[:7] == ["eager", "sdpa", "eager", "eager", "sdpa", "sdpa", "eager"]  # prefill, then the steps
     assert {name: len(s) for name, s in steps.seconds.items()} == {"sdpa": 3, "eager": 3}
     assert all(s > 0 for secs in steps.seconds.values() for s in secs)
     assert torch.equal(switched, plain)

@@ -4,8 +4,8 @@ Host-bound work (Hugging Face decoding: 10–20 ms of transformers' Python per s
 speed that drifts by several per cent over seconds on a shared host, far more than the
 difference between two attention implementations. Four granularities:
 
-* :func:`alternating`: whole calls take turns, call by call (the first of a turn alternating);
-  the per-turn samples pair the contenders.
+* :func:`alternating`: whole calls take turns, call by call; the per-turn samples pair the
+  contenders.
 * :class:`StepClock`: a ``generate`` streamer that keeps each call's median interval between
   new tokens (decode steps alone, without the prefill and the host's stalls).
 * :func:`decode_in_lockstep`: greedy decode steps of several models, each with its own
@@ -15,6 +15,13 @@ difference between two attention implementations. Four granularities:
   implementation after every new token, so that the contenders take turns step by step
   inside one ``generate`` call (its own loop, cache and stopping check); the steps of a
   turn pair the contenders.
+
+Each turn starts one contender later than the last (:func:`next_turn`), so that every
+contender takes every place in a turn alike and, with three or more, none ever runs right
+after itself: whatever a call leaves behind for the next one (a switch of implementation,
+the allocator's and the caches' state) falls on all of them alike. (Reversing the order
+instead would keep the middle one of three in the middle, always after another contender,
+while the others follow themselves every other turn.)
 
 The lockstep runs in one thread: torch's cuDNN SDPA keeps its graphs per thread (a new
 thread builds them again), and handing on between threads made the paired intervals far
@@ -29,14 +36,20 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["alternating", "StepClock", "SwitchingSteps", "decode_in_lockstep"]
+__all__ = ["alternating", "next_turn", "StepClock", "SwitchingSteps", "decode_in_lockstep"]
+
+
+def next_turn(order: list) -> list:
+    """The order of the next turn: ``order`` rotated by one place (in place; also returned)."""
+    order.append(order.pop(0))
+    return order
 
 
 def alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[dict] = None,
                 prepare: Optional[dict[str, Callable[[], Any]]] = None) -> dict[str, float]:  # fmt: skip
     """Median seconds per call of each function after one warm-up call each, the functions
-    taking turns call by call (the first of a turn alternating), so that a slow spell of the
-    host falls on all of them alike. ``paired`` receives the per-turn samples; ``prepare``'s
+    taking turns call by call (each turn starting one later: :func:`next_turn`), so that a
+    slow spell of the host falls on all of them alike. ``paired`` receives the per-turn samples; ``prepare``'s
     function of a name, if any, runs untimed before each of that name's calls."""
     prepare = prepare or {}
     for name, fn in fns.items():
@@ -54,7 +67,7 @@ def alternating(fns: dict[str, Callable[[], Any]], reps: int, paired: Optional[d
             fn()
             torch.cuda.synchronize()
             times[name].append(time.perf_counter() - t0)
-        turn.reverse()
+        next_turn(turn)
     if paired is not None:
         paired.update(times)
     return {name: statistics.median(t) for name, t in times.items()}
@@ -87,10 +100,11 @@ class SwitchingSteps:
     ``model.set_attn_implementation``). transformers calls :meth:`put` with the prompt and
     then with each new token as its step ends; every call switches to the next contender,
     untimed, and starts the clock of the step it begins. A turn gives every contender one
-    step, in an order that reverses from turn to turn, so that no contender always follows
-    another. ``seconds[name][t]`` is ``name``'s step of turn ``t`` (complete turns only, so
-    the contenders pair by turn). The prefill (the interval that ends on the first token) is
-    not timed."""
+    step, each turn starting one contender later (:func:`next_turn`), so that with three or
+    more contenders every step runs right after a switch from another implementation.
+    ``seconds[name][t]`` is ``name``'s step of turn ``t`` (complete turns only, so the
+    contenders pair by turn). The prefill (the interval that ends on the first token) is not
+    timed; it runs on the last contender of the coming turn."""
 
     def __init__(self, switch: dict[str, Callable[[], Any]]) -> None:
         if len(switch) < 2:
@@ -115,11 +129,11 @@ class SwitchingSteps:
         self._puts += 1
         if self._puts == 1:  # the prompt: the prefill that follows is not timed
             self._running = None
-            self.switch[self._order[0]]()
+            self.switch[self._order[-1]]()
             return
         if not self._queue:
             self._queue = list(self._order)
-            self._order.reverse()
+            next_turn(self._order)
         self._running = self._queue.pop(0)
         self.switch[self._running]()
         self._started = time.perf_counter()
@@ -131,7 +145,7 @@ class SwitchingSteps:
 
 def decode_in_lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int) -> tuple[dict, dict]:
     """Greedy decode steps of each model with its own dynamic cache, the models taking turns
-    step by step (the first of a turn alternating), so that the host's slow spells, which move
+    step by step (each turn starting one later: :func:`next_turn`), so that the host's slow spells, which move
     whole ``generate`` calls by several per cent, fall on both sides of a pair. Every step ends
     on its new token's value on the host, as ``generate``'s stopping check does. One untimed
     round first (plans and allocator warm). Returns ``(seconds per step, tokens)``: ``rounds *
@@ -154,6 +168,6 @@ def decode_in_lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, ro
                 if r:
                     seconds[name].append(time.perf_counter() - t0)
                 made[name].append(last[name])
-            turn.reverse()
+            next_turn(turn)
         tokens = {name: torch.cat(t, dim=1) for name, t in made.items()}
     return seconds, tokens
