@@ -201,24 +201,47 @@ def test_lockstep_decodes_greedily_in_turns_and_pairs_the_steps():
 
 
 
-def test_switching_steps_hands_the_steps_to_the_contenders_in_rotating_turns(monkeypatch):
+def test_switching_steps_hands_the_steps_to_the_contenders_in_a_fixed_cycle(monkeypatch):
     clock = iter(float(t) for t in range(100))
     monkeypatch.setattr(turns.time, "perf_counter", lambda: next(clock))
     selected = []
     steps = turns.SwitchingSteps({name: (lambda name=name: selected.append(name)) for name in ("a", "b", "c")})
+    assert steps.cycle == ("a", "b", "c")
     for _ in range(9):  # the prompt, then eight tokens: seven steps, two complete turns
         steps.put(None)
     steps.end()
-    # the prefill runs on the turn's last contender (untimed); the steps: a b c | b c a | c (dropped)
-    assert selected == ["c", "a", "b", "c", "b", "c", "a", "c", "a"]  # the last token starts a step never timed
+    # the prefill runs on the cycle's last contender (untimed); the steps: a b c | a b c | a (dropped)
+    assert selected == ["c", "a", "b", "c", "a", "b", "c", "a", "b"]  # the last token starts a step never timed
     # each put stamps once on arrival and once after switching: every step takes 1 tick
     assert steps.seconds == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
-    assert all(x != y for x, y in zip(selected, selected[1:]))  # every step follows another implementation
     selected.clear()
     for _ in range(3):  # the next call starts afresh: its prefill untimed, one incomplete turn
         steps.put(None)
     steps.end()
-    assert selected == ["c", "a", "b"] and len(steps.seconds["a"]) == 2  # the order keeps rotating
+    assert selected == ["c", "a", "b"] and len(steps.seconds["a"]) == 2
+
+
+def test_switching_steps_cycle_puts_the_other_implementation_between_a_control_and_its_original(monkeypatch):
+    """The benchmark's cycle: te_cudnn between sdpa and sdpa again, every step after a real
+    switch; te_cudnn's sample of a turn is the mean of its two steps."""
+    ticks = iter([0.0, 0.0, 0.0, 1.0, 1.0, 3.0, 3.0, 4.0, 4.0, 7.0, 7.0])  # the prompt, then steps of 1, 2, 1, 3
+    monkeypatch.setattr(turns.time, "perf_counter", lambda: next(ticks))
+    selected = []
+    names = ("sdpa", "te_cudnn", "sdpa, again")
+    steps = turns.SwitchingSteps({n: (lambda n=n: selected.append(n)) for n in names}, front_doors._SWITCH_CYCLE)
+    for _ in range(6):  # the prompt and five tokens: one complete turn, the next begun
+        steps.put(None)
+    assert selected == ["sdpa, again", "te_cudnn", "sdpa", "te_cudnn", "sdpa, again", "te_cudnn"]
+    assert steps.seconds == {"sdpa": [2.0], "te_cudnn": [1.0], "sdpa, again": [3.0]}
+    implementation = {"sdpa": "sdpa", "sdpa, again": "sdpa", "te_cudnn": "te_cudnn"}
+    cycle = [implementation[n] for n in front_doors._SWITCH_CYCLE]
+    assert all(a != b for a, b in zip(cycle, cycle[1:] + cycle[:1]))
+
+
+@pytest.mark.parametrize("cycle", [("a", "b", "b"), ("a", "b", "a"), ("a",), ("a", "x")])
+def test_switching_steps_refuses_a_cycle_that_repeats_or_misses_a_contender(cycle):
+    with pytest.raises(ValueError, match="cycle must name every contender"):
+        turns.SwitchingSteps({"a": lambda: None, "b": lambda: None}, cycle)
 
 
 def test_turns_rotate_so_that_every_contender_takes_every_place_and_none_follows_itself(no_sync, monkeypatch):
@@ -263,7 +286,7 @@ def test_switching_steps_runs_inside_generate_with_the_implementation_switched()
         switched = model.generate(ids, streamer=steps, **kw)
         model.set_attn_implementation("sdpa")
         plain = model.generate(ids, **kw)
-    assert seen[:7] == ["eager", "sdpa", "eager", "eager", "sdpa", "sdpa", "eager"]  # prefill, then the steps
+    assert seen[:7] == ["eager", "sdpa", "eager", "sdpa", "eager", "sdpa", "eager"]  # prefill, then the steps
     assert {name: len(s) for name, s in steps.seconds.items()} == {"sdpa": 3, "eager": 3}
     assert all(s > 0 for secs in steps.seconds.values() for s in secs)
     assert torch.equal(switched, plain)

@@ -287,9 +287,10 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
                          {i: c.medians[1:] for i, c in clocks.items()}, b)  # fmt: skip
             record_rates(f"decode b={b} dynamic cache tokens/s (steps in lockstep, paired by step)",
                          decode_in_lockstep(models, ids, new_tokens, lockstep_rounds)[0], b)  # fmt: skip
-            steps = SwitchingSteps({i: switch[i] for i in ("sdpa", "te_cudnn", _AGAIN)})
+            # every step follows a switch of implementation, and each runs every other step
+            steps = SwitchingSteps({i: switch[i] for i in ("sdpa", "te_cudnn", _AGAIN)}, _SWITCH_CYCLE)
             for call in range(switched_calls + 1):  # the first call untimed
-                model.generate(ids, streamer=steps if call else SwitchingSteps(steps.switch), **kw)
+                model.generate(ids, streamer=steps if call else SwitchingSteps(steps.switch, steps.cycle), **kw)
             switch["sdpa"]()
             record_rates(f"generate b={b} dynamic cache tokens/s (implementations switched step by step)",
                          steps.seconds, b)  # fmt: skip
@@ -352,6 +353,8 @@ def _progress(measure: str, r: dict[str, dict[str, Any]], intervals: dict[str, l
 
 _AGAIN = "sdpa, again"
 _NODE = "sdpa + one Python autograd node"
+#: the order of the decode steps switched inside generate (SwitchingSteps)
+_SWITCH_CYCLE = ("te_cudnn", "sdpa", "te_cudnn", _AGAIN)
 
 
 class _PythonNode(torch.autograd.Function):

@@ -13,15 +13,15 @@ difference between two attention implementations. Four granularities:
   share the host's speed, so only the difference of the two steps remains.
 * :class:`SwitchingSteps`: a ``generate`` streamer that switches one model's attention
   implementation after every new token, so that the contenders take turns step by step
-  inside one ``generate`` call (its own loop, cache and stopping check); the steps of a
-  turn pair the contenders.
+  inside one ``generate`` call (its own loop, cache and stopping check), in a fixed cycle;
+  the steps of a turn pair the contenders.
 
-Each turn starts one contender later than the last (:func:`next_turn`), so that every
-contender takes every place in a turn alike and, with three or more, none ever runs right
-after itself: whatever a call leaves behind for the next one (a switch of implementation,
-the allocator's and the caches' state) falls on all of them alike. (Reversing the order
-instead would keep the middle one of three in the middle, always after another contender,
-while the others follow themselves every other turn.)
+In :func:`alternating` and :func:`decode_in_lockstep` each turn starts one contender later
+than the last (:func:`next_turn`), so that every contender takes every place in a turn alike
+and, with three or more, none ever runs right after itself: whatever a call leaves behind for
+the next one (the allocator's and the caches' state) falls on all of them alike. (Reversing
+the order instead would keep the middle one of three in the middle, always after another
+contender, while the others follow themselves every other turn.)
 
 The lockstep runs in one thread: torch's cuDNN SDPA keeps its graphs per thread (a new
 thread builds them again), and handing on between threads made the paired intervals far
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -99,21 +99,31 @@ class SwitchingSteps:
     ``switch`` maps each contender to a function that selects it (for Hugging Face models,
     ``model.set_attn_implementation``). transformers calls :meth:`put` with the prompt and
     then with each new token as its step ends; every call switches to the next contender,
-    untimed, and starts the clock of the step it begins. A turn gives every contender one
-    step, each turn starting one contender later (:func:`next_turn`), so that with three or
-    more contenders every step runs right after a switch from another implementation.
-    ``seconds[name][t]`` is ``name``'s step of turn ``t`` (complete turns only, so the
-    contenders pair by turn). The prefill (the interval that ends on the first token) is not
-    timed; it runs on the last contender of the coming turn."""
+    untimed, and starts the clock of the step it begins. The steps follow ``cycle``, a
+    sequence of the contenders repeated call after call (default: each contender once, in
+    ``switch``'s order); a turn is one pass through it. ``seconds[name][t]`` is the mean of
+    ``name``'s steps in turn ``t`` (complete turns only, so the contenders pair by turn). The
+    prefill (the interval that ends on the first token) is not timed; it runs on the cycle's
+    last contender, so that the first step, like every other, follows the one before it in
+    the cycle.
 
-    def __init__(self, switch: dict[str, Callable[[], Any]]) -> None:
+    Whatever a switch of implementation costs the step after it (transformers' own work,
+    the caches of the host) must fall on all contenders alike: when two contenders select
+    the same implementation (a control against itself), the cycle should put the other one
+    between them, e.g. ``("te_cudnn", "sdpa", "te_cudnn", "sdpa, again")``, so that every
+    step follows a real switch and both implementations run every other step."""
+
+    def __init__(self, switch: dict[str, Callable[[], Any]], cycle: Optional[Sequence[str]] = None) -> None:
         if len(switch) < 2:
             raise ValueError(f"switch needs two or more contenders, got {list(switch)}")
-        self.switch = switch
+        cycle = list(switch) if cycle is None else list(cycle)
+        if set(cycle) != set(switch) or any(a == b for a, b in zip(cycle, cycle[1:] + cycle[:1])):
+            raise ValueError(f"cycle must name every contender of switch ({list(switch)}) and never the same one "
+                             f"twice in a row (counting from its end to its start), got {cycle}")  # fmt: skip
+        self.switch, self.cycle = switch, tuple(cycle)
         self.seconds: dict[str, list[float]] = {name: [] for name in switch}
-        self._order = list(switch)
-        self._turn: dict[str, float] = {}
-        self._queue: list[str] = []
+        self._turn: dict[str, list[float]] = {}
+        self._place = 0
         self._running: Optional[str] = None
         self._started = 0.0
         self._puts = 0
@@ -121,26 +131,24 @@ class SwitchingSteps:
     def put(self, value: Any) -> None:
         now = time.perf_counter()
         if self._running is not None:
-            self._turn[self._running] = now - self._started
-            if len(self._turn) == len(self.switch):
-                for name, sec in self._turn.items():
-                    self.seconds[name].append(sec)
-                self._turn = {}
+            self._turn.setdefault(self._running, []).append(now - self._started)
+            self._place += 1
+            if self._place == len(self.cycle):
+                for name, secs in self._turn.items():
+                    self.seconds[name].append(sum(secs) / len(secs))
+                self._turn, self._place = {}, 0
         self._puts += 1
         if self._puts == 1:  # the prompt: the prefill that follows is not timed
             self._running = None
-            self.switch[self._order[-1]]()
+            self.switch[self.cycle[-1]]()
             return
-        if not self._queue:
-            self._queue = list(self._order)
-            next_turn(self._order)
-        self._running = self._queue.pop(0)
+        self._running = self.cycle[self._place]
         self.switch[self._running]()
         self._started = time.perf_counter()
 
     def end(self) -> None:
         """The call's last turn, if incomplete, is dropped; the next call starts afresh."""
-        self._turn, self._queue, self._running, self._puts = {}, [], None, 0
+        self._turn, self._place, self._running, self._puts = {}, 0, None, 0
 
 
 def decode_in_lockstep(models: dict[str, Any], ids: torch.Tensor, steps: int, rounds: int) -> tuple[dict, dict]:
