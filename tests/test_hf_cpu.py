@@ -394,3 +394,39 @@ def test_a_call_of_a_new_signature_computes_it_once(recorder, monkeypatch, grad)
     sigs.clear()
     te_hf.attention_forward(Module(), q, k, v, None, scaling=0.125, output_attentions=False)  # not inert: below
     assert sigs == [(True, 0.125, None, grad)] and len(recorder.calls) == 2
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+def test_generate_and_training_pass_only_kwargs_the_shortcut_takes_as_inert(model_type):
+    """The shortcut of a remembered signature (decode steps, training forwards) is taken only
+    when every keyword argument transformers passes is one the mask or the cache already
+    encodes (``_INERT_KWARGS``): a keyword a newer transformers adds would send every call
+    down the full path without an error. Recorded here with transformers' own sdpa function
+    behind a recording implementation, in generate's decode steps and in a training forward."""
+    import inspect
+
+    named = set(inspect.signature(te_hf.attention_forward).parameters) - {"kwargs"}
+    seen: list[tuple[int, bool, frozenset]] = []
+    sdpa = transformers.integrations.sdpa_attention.sdpa_attention_forward
+
+    def record(module, query, key, value, attention_mask, **kwargs):
+        seen.append((query.shape[2], attention_mask is None, frozenset(kwargs) - named))
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("te_cudnn_kwargs_probe", record)
+    AttentionMaskInterface.register("te_cudnn_kwargs_probe", sdpa_mask)
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                            max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="te_cudnn_kwargs_probe")
+    ids = torch.randint(1, 128, (1, 6))  # no pad token (0): generate infers no padding mask
+    with torch.no_grad():
+        model.eval().generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    decode = [s for s in seen if s[0] == 1]
+    assert len(decode) == 2 * 2 and all(mask_none for _, mask_none, _ in decode)  # 2 steps x 2 layers, no mask
+    seen.clear()
+    model.train()(ids, labels=ids).loss.backward()
+    assert len(seen) == 2
+    extra = {name for _, _, kwargs in seen + decode for name in kwargs} - te_hf._INERT_KWARGS
+    assert not extra, f"transformers passes {sorted(extra)}, which the shortcut does not take as inert"
