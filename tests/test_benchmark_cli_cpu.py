@@ -178,6 +178,7 @@ def test_every_tools_script_imports_without_a_gpu(script: str) -> None:
     ("probe_decode_engines", ["--rounds", "0"], "must be >= 1, got 0"),
     ("probe_generate_spread", ["--turns", "x"], "expected a whole number, got 'x'"),
     ("probe_train_backward", ["--calls", "0"], "must be >= 1, got 0"),
+    ("probe_switched_steps", ["--batch", "0"], "must be >= 1, got 0"),
 ])  # fmt: skip
 def test_probe_options_refuse_bad_values_with_a_message(script, argv, message, capsys) -> None:
     """A mistyped option ends in argparse's usage error naming the option, not a traceback on
