@@ -22,48 +22,15 @@ time counts, host µs per call of
 from __future__ import annotations
 
 import argparse
-import collections
-import statistics
-import time
 from array import array
 
 import torch
 
 from te_cudnn.launch import launch
 from te_cudnn.launchers import plain_bwd
-from te_cudnn.timing import spin, spin_ended, spin_rate
 
 from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
-from probe_train_call import _calls, _tensors
-
-
-def _behind_spin(fns: dict, rounds: int, calls: int) -> dict:
-    """Host µs per call of each of ``fns`` while a spin keeps the GPU busy (rounds in turns; a
-    round whose spin ended before its calls were queued is left out): median, and the count
-    of rounds kept."""
-    rate = spin_rate(0)
-    times: dict = collections.defaultdict(list)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            spun = spin(200.0, rate)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            elapsed = time.perf_counter() - t0
-            if not spin_ended(spun):
-                times[name].append(elapsed / calls * 1e6)
-    torch.cuda.synchronize()
-    return {n: (statistics.median(t), len(t)) for n, t in times.items()}
-
-
-def _attention_node(out: torch.Tensor):
-    """The first node under ``out`` that is not a view's (transformers' sdpa returns a
-    transposed, contiguous copy-free view of the attention's output)."""
-    node = out.grad_fn
-    while "Transpose" in type(node).__name__ or "Clone" in type(node).__name__ or "View" in type(node).__name__:
-        node = node.next_functions[0][0]
-    return node
+from probe_train_call import _behind_spin_us, _calls, _tensors
 
 
 class _SdpaInPython(torch.autograd.Function):
@@ -144,10 +111,10 @@ def main(argv=None) -> int:
     fns["sdpa in a Python node, backward"] = lambda out=out, g=grad: out.backward(g, retain_graph=True)
     fns["sdpa in a Python node, node"] = lambda node=out.grad_fn, g=grad: node.apply(g)
     with torch.no_grad():  # as autograd's engine runs nodes (without create_graph)
-        res = _behind_spin(fns, a.rounds, a.calls)
+        res = _behind_spin_us(fns, a.rounds, a.calls)
     print(f"host µs per call, b=2 s=2048, behind a spin (median of {a.rounds} rounds in turns, {a.calls} calls each):")
-    for name, (us, kept) in res.items():
-        print(f"  {name:34s} {us:8.1f}  ({kept} rounds)")
+    for name, us in res.items():
+        print(f"  {name:34s} {us:8.1f}")
     return 0
 
 
