@@ -30,7 +30,7 @@ from te_cudnn.launch import launch
 from te_cudnn.launchers import plain_bwd
 
 from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
-from probe_train_call import _behind_spin_us, _calls, _tensors
+from probe_train_call import _behind_spin_us, _calls, _tensors, attention_functions
 
 
 class _SdpaInPython(torch.autograd.Function):
@@ -73,12 +73,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("probe_train_backward: needs a CUDA device")
         return 2
-    from te_cudnn.benchmark.front_doors import _transformers  # noqa: PLC0415 - optional dependency
-    from te_cudnn.integrations import transformers as te_hf  # noqa: PLC0415
-
-    transformers = _transformers()
-    impls = {"sdpa": transformers.integrations.sdpa_attention.sdpa_attention_forward,
-             "te_cudnn": te_hf.attention_forward}  # fmt: skip
+    impls = attention_functions()
     fns: dict = {}
     for name, fn in impls.items():
         fwd, fwd_bwd = _calls(fn, 2, 2048)

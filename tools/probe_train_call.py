@@ -38,6 +38,12 @@ def _tensors(b: int, s: int, h: int = 32, hg: int = 8, d: int = 64):
     return (q, k, v), tuple(t.transpose(1, 2) for t in (q, k, v)), grad
 
 
+def attention_functions() -> dict:
+    """transformers' ``sdpa`` attention function and te_cudnn's, by name."""
+    return {"sdpa": _transformers().integrations.sdpa_attention.sdpa_attention_forward,
+            "te_cudnn": te_hf.attention_forward}  # fmt: skip
+
+
 def _calls(fn, b: int, s: int):
     stub = _Stub().train()
     stub.is_causal, stub.num_key_value_groups = True, 4
@@ -81,9 +87,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("probe_train_call: needs a CUDA device")
         return 2
-    transformers = _transformers()
-    impls = {"sdpa": transformers.integrations.sdpa_attention.sdpa_attention_forward,
-             "te_cudnn": te_hf.attention_forward}  # fmt: skip
+    impls = attention_functions()
     small = {name: _calls(fn, 1, 128) for name, fn in impls.items()}
     host = host_medians({f"{n} {kind}": c[i] for n, c in small.items() for i, kind in enumerate(("fwd", "fwd+bwd"))},
                         a.rounds, 200, warmup=20)  # fmt: skip
