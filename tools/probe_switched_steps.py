@@ -2,17 +2,18 @@
 
 The front-door benchmark times dynamic-cache decode steps two ways: in lockstep (two models,
 each with its own cache, taking turns step by step outside ``generate``) and switched inside
-``generate`` (one model whose attention implementation changes after every token). The
-lockstep rows put te_cudnn level with or ahead of ``"sdpa"``, the switched rows about 1 %
-behind. This probe runs, on the benchmark's Llama (b and the prompt as given, 128 new tokens,
-greedy), four designs that separate the candidate causes:
+``generate`` (one model whose attention implementation changes after every token). This probe
+runs, on the benchmark's Llama (b and the prompt as given, 128 new tokens, greedy), designs that
+separate the candidate causes of a disagreement:
 
 * ``lockstep, two models``: the benchmark's lockstep;
-* ``lockstep, one model switched``: one model, its implementation switched before each step
-  (untimed), each contender with its own cache, outside ``generate`` (two models against
-  one: does sharing the model, or switching it, cost te_cudnn's steps?);
+* ``lockstep, one model, set_attn_implementation``: one model, its implementation switched
+  before each step (untimed) by ``model.set_attn_implementation``, which walks every module;
+  each contender with its own cache, outside ``generate``;
+* ``lockstep, one model, config``: the same, switched by writing the model's config
+  (:func:`te_cudnn.benchmark.turns.implementation_switches`, the benchmark's switch);
 * ``generate, every step after a switch``: the benchmark's cycle inside ``generate`` (te_cudnn,
-  ``"sdpa"``, te_cudnn, ``"sdpa"`` again);
+  ``"sdpa"``, te_cudnn, ``"sdpa"`` again), switched by the config;
 * ``generate, half the steps after a switch``: the cycle te_cudnn, te_cudnn again, ``"sdpa"``,
   ``"sdpa"`` again, so that each implementation takes one step right after a switch and one
   after itself (does the switch cost the step after it?).
@@ -32,7 +33,7 @@ import torch
 
 from te_cudnn.benchmark.front_doors import _transformers_quiet
 from te_cudnn.benchmark.ratios import paired_ratio
-from te_cudnn.benchmark.turns import SwitchingSteps, decode_in_lockstep, next_turn
+from te_cudnn.benchmark.turns import SwitchingSteps, decode_in_lockstep, implementation_switches, next_turn
 
 from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
 from probe_packed_decode import llama_models
@@ -99,13 +100,15 @@ def main(argv=None) -> int:
     model = models["sdpa"]
     ids = torch.randint(0, 32000, (a.batch, a.prompt), device="cuda")
     impl = {"te_cudnn": "te_cudnn", "te_cudnn, again": "te_cudnn", "sdpa": "sdpa", "sdpa, again": "sdpa"}
-    switch = {name: (lambda i=i: model.set_attn_implementation(i)) for name, i in impl.items()}
+    walk = {name: (lambda i=impl[name]: model.set_attn_implementation(i)) for name in ("te_cudnn", "sdpa")}
+    switch = implementation_switches(model, impl)
     with torch.no_grad(), _transformers_quiet():
         print(f"b={a.batch}, prompt {a.prompt}, {a.new_tokens} new tokens")
         seconds, _ = decode_in_lockstep(models, ids, a.new_tokens, a.rounds)
         _report("lockstep, two models", seconds, [("te_cudnn", "sdpa")])
-        seconds = lockstep_one_model(model, {n: switch[n] for n in ("te_cudnn", "sdpa")}, ids, a.new_tokens, a.rounds)
-        _report("lockstep, one model switched", seconds, [("te_cudnn", "sdpa")])
+        for design, by in (("set_attn_implementation", walk), ("config", switch)):
+            seconds = lockstep_one_model(model, {n: by[n] for n in ("te_cudnn", "sdpa")}, ids, a.new_tokens, a.rounds)
+            _report(f"lockstep, one model, {design}", seconds, [("te_cudnn", "sdpa")])
         seconds = switched_in_generate(model, {n: switch[n] for n in ("te_cudnn", "sdpa", "sdpa, again")},
                                        ("te_cudnn", "sdpa", "te_cudnn", "sdpa, again"), ids, a.new_tokens, a.calls)
         _report("generate, every step after a switch", seconds, [("te_cudnn", "sdpa"), ("sdpa, again", "sdpa")])
