@@ -10,8 +10,8 @@ separate the candidate causes of a disagreement:
 * ``lockstep, one model, set_attn_implementation``: one model, its implementation switched
   before each step (untimed) by ``model.set_attn_implementation``, which walks every module;
   each contender with its own cache, outside ``generate``;
-* ``lockstep, one model, config``: the same, switched by writing the model's config
-  (:func:`te_cudnn.benchmark.turns.implementation_switches`, the benchmark's switch);
+* ``lockstep, one model, config``: the same, switched by writing the one config every layer
+  reads (``model.config._attn_implementation``), without the walk;
 * ``generate, every step after a switch``: the benchmark's cycle inside ``generate`` (te_cudnn,
   ``"sdpa"``, te_cudnn, ``"sdpa"`` again), switched by the config;
 * ``generate, half the steps after a switch``: the cycle te_cudnn, te_cudnn again, ``"sdpa"``,
@@ -33,7 +33,7 @@ import torch
 
 from te_cudnn.benchmark.front_doors import _transformers_quiet
 from te_cudnn.benchmark.ratios import paired_ratio
-from te_cudnn.benchmark.turns import SwitchingSteps, decode_in_lockstep, implementation_switches, next_turn
+from te_cudnn.benchmark.turns import SwitchingSteps, decode_in_lockstep, next_turn
 
 from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
 from probe_packed_decode import llama_models
@@ -101,7 +101,9 @@ def main(argv=None) -> int:
     ids = torch.randint(0, 32000, (a.batch, a.prompt), device="cuda")
     impl = {"te_cudnn": "te_cudnn", "te_cudnn, again": "te_cudnn", "sdpa": "sdpa", "sdpa, again": "sdpa"}
     walk = {name: (lambda i=impl[name]: model.set_attn_implementation(i)) for name in ("te_cudnn", "sdpa")}
-    switch = implementation_switches(model, impl)
+    for i in walk:  # each implementation checked once by transformers; then the switch writes the config alone
+        walk[i]()
+    switch = {name: (lambda i=i: setattr(model.config, "_attn_implementation", i)) for name, i in impl.items()}
     with torch.no_grad(), _transformers_quiet():
         print(f"b={a.batch}, prompt {a.prompt}, {a.new_tokens} new tokens")
         seconds, _ = decode_in_lockstep(models, ids, a.new_tokens, a.rounds)

@@ -49,7 +49,7 @@ from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
 from .environment import environment
 from .front_doors_report import HF_PAIRED, replot, write
 from .ratios import paired_ratio
-from .turns import StepClock, SwitchingSteps, alternating, decode_in_lockstep, implementation_switches
+from .turns import StepClock, SwitchingSteps, alternating, decode_in_lockstep
 
 __all__ = ["host_doors", "dropin_fwd_bwd", "hf_llama", "control_pairs", "run", "main"]
 
@@ -270,7 +270,7 @@ def hf_llama(new_tokens: int = 128, prompt: int = 512, reps: int = 9, lockstep_r
     # The switched measures run on the sdpa model, its implementation changed between steps or calls.
     model, name = models["sdpa"], _python_node_sdpa(transformers)
     impls = {"sdpa": "sdpa", "te_cudnn": "te_cudnn", _AGAIN: "sdpa", _NODE: name}
-    switch = implementation_switches(model, impls)
+    switch = {label: (lambda impl=impl: model.set_attn_implementation(impl)) for label, impl in impls.items()}
     for b in (4, 1):
         ids = torch.randint(0, 32000, (b, prompt), device="cuda")
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)

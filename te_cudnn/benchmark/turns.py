@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["alternating", "next_turn", "StepClock", "SwitchingSteps", "decode_in_lockstep", "implementation_switches"]
+__all__ = ["alternating", "next_turn", "StepClock", "SwitchingSteps", "decode_in_lockstep"]
 
 
 def next_turn(order: list) -> list:
@@ -93,42 +93,11 @@ class StepClock:
         self.stamps = []
 
 
-def implementation_switches(model: Any, impls: dict[str, str]) -> dict[str, Callable[[], None]]:
-    """For each label of ``impls``, a function that makes ``impls[label]`` the attention
-    implementation of the Hugging Face ``model``: a switch for :func:`alternating` and
-    :class:`SwitchingSteps`.
-
-    Each implementation is selected once here through ``model.set_attn_implementation``, which
-    checks that transformers serves it; ``model`` keeps the implementation it had. The switches
-    themselves write the one config every attention layer reads (``config._attn_implementation``),
-    because ``set_attn_implementation`` walks every module of the model, and that walk before each
-    step disturbs the host's caches for the step after it, more for te_cudnn's Python path than
-    for ``"sdpa"``'s (see the performance guide). Hence ``model``'s modules must all share its
-    config (decoder-only language models do); ``ValueError`` otherwise."""
-    config = model.config
-    others = {type(m).__name__ for m in model.modules() if getattr(m, "config", config) is not config}
-    if others:
-        raise ValueError(f"model's modules {sorted(others)} hold configs of their own: a switch of model.config "
-                         "would not reach them (switch with model.set_attn_implementation instead)")  # fmt: skip
-    was = config._attn_implementation
-    for impl in dict.fromkeys(impls.values()):
-        model.set_attn_implementation(impl)
-    model.set_attn_implementation(was)
-
-    def switch_to(impl: str) -> Callable[[], None]:
-        def switch() -> None:
-            config._attn_implementation = impl
-
-        return switch
-
-    return {label: switch_to(impl) for label, impl in impls.items()}
-
-
 class SwitchingSteps:
     """A ``generate`` streamer that hands the decode steps of one model to contenders in turns.
 
     ``switch`` maps each contender to a function that selects it (for Hugging Face models,
-    :func:`implementation_switches`). transformers calls :meth:`put` with the prompt and
+    ``model.set_attn_implementation``). transformers calls :meth:`put` with the prompt and
     then with each new token as its step ends; every call switches to the next contender,
     untimed, and starts the clock of the step it begins. The steps follow ``cycle``, a
     sequence of the contenders repeated call after call (default: each contender once, in
