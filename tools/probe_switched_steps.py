@@ -19,9 +19,13 @@ separate the candidate causes of a disagreement:
   after itself (does the switch cost the step after it?).
 
 For each it prints te_cudnn's tokens/s over ``"sdpa"``'s, paired by turn (median and 95 %
-interval), and the controls where the design has them.
+interval), and the controls where the design has them, then the engine configurations of
+te_cudnn's plans. ``--heuristic-decode`` keeps cuDNN's heuristic plan (split-KV, two kernels)
+for the decode steps instead of te_cudnn's one-kernel plan without a workspace
+(:func:`te_cudnn.plans.one_row.lean_one_row`); run it with ``TE_CUDNN_PLAN_STORE=off`` so that
+no stored plan stands in.
 
-    python tools/probe_switched_steps.py [--batch 4] [--prompt 512] [--rounds 4] [--calls 4]
+    python tools/probe_switched_steps.py [--batch 4] [--prompt 512] [--rounds 4] [--calls 4] [--heuristic-decode]
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import torch
 from te_cudnn.benchmark.front_doors import _transformers_quiet
 from te_cudnn.benchmark.ratios import paired_ratio
 from te_cudnn.benchmark.turns import SwitchingSteps, decode_in_lockstep, next_turn
+from te_cudnn.plans.cache import plan_cache
+from te_cudnn.plans.one_row import lean_one_row
 
 from probe_decode_engines import _count  # tools/ (on sys.path when run as a script)
 from probe_packed_decode import llama_models
@@ -92,10 +98,13 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=_count, default=128)
     p.add_argument("--rounds", type=_count, default=4, help="timed lockstep rounds")
     p.add_argument("--calls", type=_count, default=4, help="timed generate calls per switched design")
+    p.add_argument("--heuristic-decode", action="store_true", help="cuDNN's heuristic plans for the decode steps")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_switched_steps: needs a CUDA device")
         return 2
+    if a.heuristic_decode:
+        lean_one_row(False)
     models = llama_models()
     model = models["sdpa"]
     ids = torch.randint(0, 32000, (a.batch, a.prompt), device="cuda")
@@ -120,6 +129,11 @@ def main(argv=None) -> int:
                 [("te_cudnn", "sdpa"), ("te_cudnn, again", "sdpa, again"), ("te_cudnn, again", "te_cudnn"),
                  ("sdpa, again", "sdpa")])  # fmt: skip
         model.set_attn_implementation("sdpa")
+    engines: dict[tuple[str, int], int] = {}
+    for plan in plan_cache.plans():
+        engines[plan.plan_name, plan.workspace_size] = engines.get((plan.plan_name, plan.workspace_size), 0) + 1
+    print("te_cudnn's plans (engine configuration, workspace bytes: plans):",
+          ", ".join(f"{n} {w}: {c}" for (n, w), c in sorted(engines.items())))
     return 0
 
 

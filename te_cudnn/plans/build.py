@@ -4,6 +4,7 @@ a build in a thread of its own (:func:`run_apart`)."""
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -17,25 +18,41 @@ from .key import PlanKey
 
 __all__ = ["build_plan", "run_apart"]
 
+_log = logging.getLogger("te_cudnn")
+
 
 def _heuristics(cudnn) -> list:
     return [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
 
 
 def build_plan(key: PlanKey, make_spec: Callable[[], Any]) -> CompiledPlan:
-    """Build a graph spec into an executable plan, timing it; cuDNN errors -> GraphBuildError."""
+    """Build a graph spec into an executable plan, timing it; cuDNN errors -> GraphBuildError.
+    A key that prefers configurations without a workspace (``key.no_workspace``,
+    te_cudnn.plans.one_row) keeps only those; where none builds, the heuristics' plan is built."""
+    if getattr(key, "no_workspace", False):
+        try:
+            return _build(key, make_spec, True)
+        except GraphBuildError as exc:
+            _log.debug("%s: no plan without a workspace (%s: %s); the heuristics' plan instead", key, exc.stage,
+                       exc.cause)  # fmt: skip
+    return _build(key, make_spec, False)
 
+
+def _build(key: PlanKey, make_spec: Callable[[], Any], no_workspace: bool) -> CompiledPlan:
     cudnn = cudnn_module()
     start = time.perf_counter()
     spec = make_spec()
     g = spec.graph
-    steps = (
+    steps = [
         ("validate", "validate", g.validate),
         ("operation_graph", "build the operation graph of", g.build_operation_graph),
         ("heuristics", "create execution plans for", lambda: g.create_execution_plans(_heuristics(cudnn))),
         ("check_support", "check support of", g.check_support),
         ("build_plans", "build plans for", g.build_plans),
-    )
+    ]
+    if no_workspace:
+        steps.insert(3, ("workspace", "keep the plans without a workspace of",
+                         lambda: g.deselect_workspace_greater_than(0)))  # fmt: skip
     stages = {"graph": time.perf_counter() - start}
     for name, stage, step in steps:
         t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Any
 from ..backends.base import Direction
 from ..config import AttnConfig
 from ..enums import FusedAttnBackend
+from .one_row import prefers_no_workspace
 
 __all__ = ["PlanKey", "make_key"]
 
@@ -25,10 +26,13 @@ class PlanKey:
     config: AttnConfig
     cudnn_version: int
     frontend_version: str
+    #: the plan keeps only engine configurations without a workspace (te_cudnn.plans.one_row)
+    no_workspace: bool = False
 
     def __post_init__(self) -> None:
         # Hashed once: a key has ~30 nested fields, and the hot path hashes a key per call.
-        object.__setattr__(self, "_hash", hash((self.backend, self.direction, self.config, self.cudnn_version, self.frontend_version)))
+        object.__setattr__(self, "_hash", hash((self.backend, self.direction, self.config, self.cudnn_version,
+                                                self.frontend_version, self.no_workspace)))  # fmt: skip
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
@@ -44,6 +48,7 @@ class PlanKey:
             "direction": self.direction.value,
             "cudnn_version": self.cudnn_version,
             "frontend_version": self.frontend_version,
+            "no_workspace": self.no_workspace,
         }
         for f in fields(self.config):
             if f.name == "device" and not device:
@@ -64,9 +69,11 @@ class PlanKey:
 
 
 def make_key(backend: FusedAttnBackend, direction: Direction, cfg: AttnConfig, cudnn_version: int, frontend_version: str) -> PlanKey:
-    """Normalise fields that do not change the graph for this direction, then key."""
+    """Normalise fields that do not change the graph for this direction, then key (with the
+    plan's engine preference, :func:`te_cudnn.plans.one_row.prefers_no_workspace`)."""
+    no_workspace = prefers_no_workspace(backend, direction, cfg)
     if direction == Direction.FWD:
         cfg = replace(cfg, deterministic=False, do_stride=None, cuda_graph=False)
     else:
         cfg = replace(cfg, is_training=True, return_max_logit=False, cuda_graph=False)
-    return PlanKey(backend, direction, cfg, cudnn_version, frontend_version)
+    return PlanKey(backend, direction, cfg, cudnn_version, frontend_version, no_workspace)

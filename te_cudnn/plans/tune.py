@@ -85,6 +85,7 @@ from ..runtime import cudnn_module
 from ..timing import MAX_SPIN_MS, SPIN_CALIBRATION_CYCLES, SPIN_RETRIES
 from . import cache as _cache  # looked up per call: the process cache (and its builder) can be replaced
 from .handles import handle_for
+from .one_row import keep_without_workspace
 from .tune_checks import FP8_AGREEMENT, agreement_error, agreement_tolerance, check_error, result_checks, run_checks
 from .tune_operands import FP8_SOFTMAX_SCALE, length_operands, make_operands
 from .tune_results import (DEFAULT_REPS, DEFAULT_WARMUP, MIN_SPEEDUP, RECORD_VERSION, Candidate, CandidateTiming,
@@ -307,6 +308,7 @@ def plan_candidates(key: Any, make_spec: Callable[[], Any], modes: Optional[Sequ
             ("operation_graph", "build the operation graph of", g.build_operation_graph),
             ("filters", "filter the plans of", _deselect),
             ("heuristics", "create execution plans for", lambda g=g, m=mode_set: g.create_execution_plans(m)),
+            ("workspace", "keep the plans without a workspace of", lambda g=g: keep_without_workspace(key, g)),
             ("check_support", "check support of", g.check_support),
             ("knobs", "vary the knobs of the plans of", lambda g=g: _vary(g)),
             ("build_plans", "build every plan of", lambda g=g: build_all(g)),
