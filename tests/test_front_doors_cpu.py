@@ -10,6 +10,7 @@ import pytest
 
 from te_cudnn.benchmark import front_doors, front_doors_report, turns
 from te_cudnn.packed_rows import packed_one_row
+from te_cudnn.plans.one_row import lean_one_row
 
 
 @pytest.fixture
@@ -371,6 +372,26 @@ def test_the_report_says_whether_decode_steps_ran_packed(tmp_path, monkeypatch, 
     saved = json.loads((tmp_path / "front_doors.json").read_text())
     assert saved.get("packed_one_row", False) is packed
     assert ("ran packed" in (tmp_path / "front_doors.md").read_text()) is packed
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_the_report_says_which_plans_decode_steps_ran(tmp_path, monkeypatch, lean):
+    monkeypatch.setattr(front_doors, "_device", lambda: "a GPU")
+    monkeypatch.setattr(front_doors, "host_doors", lambda: {"torch SDPA (default backend)": 20.0})
+
+    def cut_short():
+        raise RuntimeError("cut short")
+
+    monkeypatch.setattr(front_doors, "dropin_fwd_bwd", cut_short)
+    was = lean_one_row(lean)
+    try:
+        with pytest.raises(RuntimeError, match="cut short"):
+            front_doors.run(tmp_path, hf=False)
+    finally:
+        lean_one_row(was)
+    saved = json.loads((tmp_path / "front_doors.json").read_text())
+    assert saved.get("heuristic_one_row_plans", False) is not lean
+    assert ("heuristic split-KV plans" in (tmp_path / "front_doors.md").read_text()) is not lean
 
 
 def test_progress_prints_each_hf_measure_as_it_ends(capsys):

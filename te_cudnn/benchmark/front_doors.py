@@ -43,6 +43,7 @@ from ..integrations import transformers as te_hf
 from ..module import DotProductAttention
 from ..ops import fused_attn_fwd
 from ..packed_rows import packed_one_row
+from ..plans.one_row import lean_one_row
 from ..runtime import cudnn_module, cudnn_version_string, current_env
 from ..sdpa import scaled_dot_product_attention
 from ..timing import MAX_SPIN_MS, host_medians, queued_ms, spin_rate
@@ -401,6 +402,8 @@ def run(out: Optional[Path], hf: bool = True) -> dict[str, Any]:
     res: dict[str, Any] = {"device": _device()}
     if packed_one_row():  # TE_CUDNN_PACKED_ONE_ROW=1: te_cudnn's decode steps ran packed
         res["packed_one_row"] = True
+    if not lean_one_row():  # TE_CUDNN_LEAN_ONE_ROW=0: cuDNN's split-KV plans for the decode steps
+        res["heuristic_one_row_plans"] = True
     res["host"] = host_doors()
     print("host µs:", json.dumps({k: round(v, 1) for k, v in res["host"].items()}), flush=True)
     if out is not None:  # after every section: a run cut short keeps what it measured

@@ -22,8 +22,11 @@ def markdown(res: dict[str, Any]) -> str:
     lines = ["## Front doors", "", f"Measured on {res['device']}.", "", "### Host µs per cached forward (b=1 h=8 s=128 "
              "d=64 bf16, no gradient)", "", "| call | host µs | vs torch SDPA default |", "|---|---|---|"]  # fmt: skip
     if res.get("packed_one_row"):
-        lines[3:3] = ["te_cudnn's one-row inference calls over contiguous caches (decode steps) ran packed "
+        lines[4:4] = ["te_cudnn's one-row inference calls over contiguous caches (decode steps) ran packed "
                       "(`te_cudnn.packed_rows`, `TE_CUDNN_PACKED_ONE_ROW=1`).", ""]
+    if res.get("heuristic_one_row_plans"):
+        lines[4:4] = ["te_cudnn's one-row inference forwards (decode steps) ran cuDNN's heuristic split-KV plans, "
+                      "not the plans without a workspace (`te_cudnn.plans.one_row`).", ""]
     host = res.get("host", {})
     base = host.get("torch SDPA (default backend)")
     for name, us in host.items():
