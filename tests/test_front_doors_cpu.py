@@ -354,8 +354,15 @@ def test_run_writes_the_report_after_every_section(tmp_path, monkeypatch):
     assert "| te_cudnn x | 18.0 | 0.90× |" in (tmp_path / "front_doors.md").read_text()
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_report_says_whether_decode_steps_ran_packed(tmp_path, monkeypatch, packed):
+@pytest.mark.parametrize("switch, setting, field, phrase, flagged", [
+    (packed_one_row, False, "packed_one_row", "ran packed", False),
+    (packed_one_row, True, "packed_one_row", "ran packed", True),
+    (lean_one_row, True, "heuristic_one_row_plans", "heuristic split-KV plans", False),
+    (lean_one_row, False, "heuristic_one_row_plans", "heuristic split-KV plans", True),
+])  # fmt: skip
+def test_the_report_says_how_decode_steps_ran(tmp_path, monkeypatch, switch, setting, field, phrase, flagged):
+    """Packed (TE_CUDNN_PACKED_ONE_ROW=1) or on cuDNN's split-KV plans (TE_CUDNN_LEAN_ONE_ROW=0):
+    the JSON and the report say so, from the first section on."""
     monkeypatch.setattr(front_doors, "_device", lambda: "a GPU")
     monkeypatch.setattr(front_doors, "host_doors", lambda: {"torch SDPA (default backend)": 20.0})
 
@@ -363,35 +370,15 @@ def test_the_report_says_whether_decode_steps_ran_packed(tmp_path, monkeypatch, 
         raise RuntimeError("cut short")
 
     monkeypatch.setattr(front_doors, "dropin_fwd_bwd", cut_short)
-    was = packed_one_row(packed)
+    was = switch(setting)
     try:
         with pytest.raises(RuntimeError, match="cut short"):
             front_doors.run(tmp_path, hf=False)
     finally:
-        packed_one_row(was)
+        switch(was)
     saved = json.loads((tmp_path / "front_doors.json").read_text())
-    assert saved.get("packed_one_row", False) is packed
-    assert ("ran packed" in (tmp_path / "front_doors.md").read_text()) is packed
-
-
-@pytest.mark.parametrize("lean", [False, True])
-def test_the_report_says_which_plans_decode_steps_ran(tmp_path, monkeypatch, lean):
-    monkeypatch.setattr(front_doors, "_device", lambda: "a GPU")
-    monkeypatch.setattr(front_doors, "host_doors", lambda: {"torch SDPA (default backend)": 20.0})
-
-    def cut_short():
-        raise RuntimeError("cut short")
-
-    monkeypatch.setattr(front_doors, "dropin_fwd_bwd", cut_short)
-    was = lean_one_row(lean)
-    try:
-        with pytest.raises(RuntimeError, match="cut short"):
-            front_doors.run(tmp_path, hf=False)
-    finally:
-        lean_one_row(was)
-    saved = json.loads((tmp_path / "front_doors.json").read_text())
-    assert saved.get("heuristic_one_row_plans", False) is not lean
-    assert ("heuristic split-KV plans" in (tmp_path / "front_doors.md").read_text()) is not lean
+    assert saved.get(field, False) is flagged
+    assert (phrase in (tmp_path / "front_doors.md").read_text()) is flagged
 
 
 def test_progress_prints_each_hf_measure_as_it_ends(capsys):
