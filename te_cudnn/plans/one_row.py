@@ -47,7 +47,7 @@ def lean_one_row(on: Optional[bool] = None) -> bool:
     was = _on[0]
     if on is not None:
         if not isinstance(on, bool):
-            raise TypeError(f"lean_one_row takes a bool or None, got {type(on).__name__}")
+            raise TypeError(f"lean_one_row(on=...): on must be a bool or None, got {type(on).__name__} {on!r}")
         _on[0] = on
         prepared = sys.modules.get(f"{__package__.rpartition('.')[0]}.prepared")
         if on != was and prepared is not None:
