@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 
@@ -16,6 +16,7 @@ from te_cudnn.enums import FusedAttnBackend, QKVFormat, QKVLayout
 from te_cudnn.layouts import layout_info
 
 SEED_ENV = "TE_CUDNN_TEST_SEED"
+T = TypeVar("T")
 F16 = BY_ENUM[FusedAttnBackend.F16_arbitrary_seqlen].caps
 MAX512 = FusedAttnBackend.F16_max512_seqlen
 M512 = BY_ENUM[MAX512].caps
@@ -317,6 +318,8 @@ def fp8_available() -> bool:
 
 
 def seed_from_env() -> int:
+    """The seed of a run of random GPU tests: ``TE_CUDNN_TEST_SEED`` (which replays a run), else
+    a fresh one."""
     raw = os.environ.get(SEED_ENV)
     if raw is None:
         return random.SystemRandom().randrange(1 << 31)
@@ -324,3 +327,10 @@ def seed_from_env() -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{SEED_ENV}={raw!r} must be an integer seed") from None
+
+
+def seeded_draws(draw: Callable[[random.Random], T], n: int, seed: int) -> list[T]:
+    """``n`` configurations drawn one after another by ``draw`` from one generator seeded with
+    ``seed``: the same list for every process of a run that shares the seed."""
+    rng = random.Random(seed)
+    return [draw(rng) for _ in range(n)]

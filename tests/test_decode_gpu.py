@@ -6,7 +6,6 @@ seed is printed and is in every failure message)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -15,6 +14,8 @@ import torch
 import te_cudnn as tc
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close
+
+from _random_cases import seed_from_env
 
 pytestmark = pytest.mark.gpu
 
@@ -205,8 +206,7 @@ def test_random_configurations():
     """Random decode calls: batch, heads and GQA groups, head dim, dtype, paged (token- or
     head-major pages of 16-64 tokens) or dense caches, lengths from 0 to the capacity, windows;
     each against the fp32 reference."""
-    env = os.environ.get("TE_CUDNN_TEST_SEED")
-    seed = int(env) if env else random.SystemRandom().randrange(2**31)
+    seed = seed_from_env()
     print(f"decode random configurations: seed={seed} (replay: TE_CUDNN_TEST_SEED={seed})")
     rng = random.Random(seed)
     for i in range(24):

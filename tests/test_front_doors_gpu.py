@@ -12,20 +12,19 @@
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 import torch
 
 import te_cudnn as tc
 from te_cudnn.testing import rel_error
 
+from _random_cases import seed_from_env
+
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
 BF16 = torch.bfloat16
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+SEED = seed_from_env()
 
 
 @pytest.fixture(autouse=True)

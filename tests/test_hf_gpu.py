@@ -16,9 +16,6 @@ dim 32; vocab 1000; built from a config, nothing downloaded) in bf16 on CUDA, wi
 
 from __future__ import annotations
 
-import os
-import random
-
 import contextlib
 
 import pytest
@@ -32,10 +29,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 from te_cudnn.integrations import transformers as te_hf  # noqa: E402
 from te_cudnn.testing import rel_error  # noqa: E402
 
+from _random_cases import seed_from_env  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+SEED = seed_from_env()
 BF16 = torch.bfloat16
 #: te_cudnn's error against the fp32 model <= factor * sdpa's error + floor (relative Frobenius norms)
 TOL = {"logits": (2.0, 2e-3), "loss": (2.0, 1e-3), "grads": (2.0, 5e-3)}

@@ -14,7 +14,6 @@ failure message.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -26,10 +25,12 @@ import te_cudnn as tc
 from te_cudnn.plans.one_row import MAX_KEYS, lean_one_row
 from te_cudnn.testing import check_close
 
+from _random_cases import seed_from_env, seeded_draws
+
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+SEED = seed_from_env()
 N_CASES = 16
 
 
@@ -46,8 +47,7 @@ def _draw(rng: random.Random) -> tuple:
         skv, rng.choice([64, 128])  # fmt: skip
 
 
-_rng = random.Random(SEED)
-CASES = [_draw(_rng) for _ in range(N_CASES)]
+CASES = seeded_draws(_draw, N_CASES, SEED)
 
 
 def _one_row_plans() -> list:

@@ -20,7 +20,6 @@ failure message.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -32,10 +31,12 @@ import te_cudnn as tc
 from te_cudnn.packed_rows import attend_one_row, packed_one_row
 from te_cudnn.testing import check_close, rel_error
 
+from _random_cases import seed_from_env, seeded_draws
+
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+SEED = seed_from_env()
 N_CASES = 24
 
 
@@ -52,8 +53,7 @@ def _draw(rng: random.Random) -> tuple:
             skv, rng.choice([64, 128]), rng.choice([64, 128]), rng.choice([None, 0.1]))  # fmt: skip
 
 
-_rng = random.Random(SEED)
-CASES = [_draw(_rng) for _ in range(N_CASES)]
+CASES = seeded_draws(_draw, N_CASES, SEED)
 
 
 def _step(dtype, b, hg, rep, skv, d, dv, gen):

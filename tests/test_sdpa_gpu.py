@@ -17,7 +17,6 @@ failure message (not in the test ids, which parallel workers must collect alike)
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from typing import Optional
@@ -31,10 +30,12 @@ import te_cudnn as tc
 from te_cudnn.sdpa import mask_to_bias
 from te_cudnn.testing import TOLERANCES, check_close, rel_error
 
+from _random_cases import seed_from_env, seeded_draws
+
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+SEED = seed_from_env()
 N_CASES = 48
 HALF = (torch.float16, torch.bfloat16)
 
@@ -83,8 +84,7 @@ def _draw(rng: random.Random) -> Case:
                 enable_gqa=hk != h or rng.random() < 0.2)  # fmt: skip
 
 
-_rng = random.Random(SEED)
-CASES = [_draw(_rng) for _ in range(N_CASES)]
+CASES = seeded_draws(_draw, N_CASES, SEED)
 
 
 def _leaf(shape_bhsd: tuple[int, ...], layout: str, dtype, gen, requires_grad: bool):

@@ -28,9 +28,11 @@ from te_cudnn.layouts import layout_info
 from te_cudnn.reference import attention_reference
 from te_cudnn.testing import check_close, make_qkv, rel_error, to_bhsd
 
+from _random_cases import seed_from_env
+
 pytestmark = pytest.mark.gpu
 
-SEED = int(os.environ.get("TE_CUDNN_TEST_SEED", random.randrange(2**31)))
+SEED = seed_from_env()
 N_CASES = int(os.environ.get("TE_CUDNN_SINK_CASES", "40"))
 SINKS = ("off_by_one", "learnable")
 LAYOUTS = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "sbh3d", "bshd_bs2hd", "sbhd_sbh2d")
